@@ -1,0 +1,120 @@
+"""Float64 golden attention: the exact semantics every kernel is judged by.
+
+    S = scale * Q K^T,  masked S_ij = -inf where key j is not visible to query i
+    lse_i = log sum_j exp(S_ij),  O_i = sum_j exp(S_ij - lse_i) V_j
+
+with GQA (query head h reads kv head h // (Hq // Hkv)), empty rows giving ``O = 0`` and
+``lse = -inf``. The forward streams over key chunks with the online-softmax merge, and the
+backward streams over key chunks with the saved lse, so memory is O(N * chunk), never O(N^2):
+
+    P = exp(S - lse),  dV = P^T dO,  dP = dO V^T,  Delta_i = sum_d dO_id O_id,
+    dS = P * (dP - Delta),  dQ = scale * dS K,  dK = scale * dS^T Q
+
+dK and dV of a kv head are summed over the query heads of its group.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from refimpl.masks import visible_mask
+from refimpl.online_softmax import NEG_INF, SoftmaxState
+
+DEFAULT_CHUNK = 1024
+
+
+def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
+    """Validate the layout convention; returns (Hq, group size Hq // Hkv)."""
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"expected 4-d q, k, v (B, H, N, D); got {q.dim()}, {k.dim()}, {v.dim()} dims")
+    b, hq, _, d = q.shape
+    bk, hkv, nk, dk = k.shape
+    if (bk, hkv, nk) != tuple(v.shape[:3]) or b != bk:
+        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if d != dk:
+        raise ValueError(f"q head dim {d} != k head dim {dk}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+    return hq, hq // hkv
+
+
+def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+    return t if group == 1 else t.repeat_interleave(group, dim=1)
+
+
+def default_scale(d: int, scale: float | None) -> float:
+    """The softmax scale: ``1/sqrt(D)`` unless given."""
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+@torch.no_grad()
+def attention_golden(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    alignment: str = "bottom-right",
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks."""
+    _, group = check_shapes(q, k, v)
+    scale = default_scale(q.shape[-1], scale)
+    q64 = q.to(torch.float64)
+    k64, v64 = _expand_kv(k.to(torch.float64), group), _expand_kv(v.to(torch.float64), group)
+    nq, nk = q.shape[2], k.shape[2]
+    state = SoftmaxState.identity(q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
+    for start in range(0, nk, chunk):
+        stop = min(start + chunk, nk)
+        s = scale * (q64 @ k64[:, :, start:stop].transpose(-1, -2))
+        mask = visible_mask(nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device)
+        if mask is not None:
+            s = s.masked_fill(~mask, NEG_INF)
+        state = state.merge(SoftmaxState.from_scores(s, v64[:, :, start:stop]))
+    return state.finalize()
+
+
+@torch.no_grad()
+def attention_golden_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    alignment: str = "bottom-right",
+    chunk: int = DEFAULT_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float64 ``(dq, dk, dv)`` for upstream gradient ``do`` of the output ``o``."""
+    hq, group = check_shapes(q, k, v)
+    scale = default_scale(q.shape[-1], scale)
+    o, lse = attention_golden(q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk)
+    q64, do64 = q.to(torch.float64), do.to(torch.float64)
+    k64, v64 = _expand_kv(k.to(torch.float64), group), _expand_kv(v.to(torch.float64), group)
+    nq, nk = q.shape[2], k.shape[2]
+    delta = (do64 * o).sum(-1, keepdim=True)
+    lse_safe = torch.where(lse == NEG_INF, 0.0, lse)[..., None]
+    dq = torch.zeros_like(q64)
+    dk_parts, dv_parts = [], []
+    for start in range(0, nk, chunk):
+        stop = min(start + chunk, nk)
+        kc, vc = k64[:, :, start:stop], v64[:, :, start:stop]
+        s = scale * (q64 @ kc.transpose(-1, -2))
+        mask = visible_mask(nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device)
+        if mask is not None:
+            s = s.masked_fill(~mask, NEG_INF)
+        p = torch.exp(s - lse_safe)
+        dv_parts.append(p.transpose(-1, -2) @ do64)
+        ds = p * (do64 @ vc.transpose(-1, -2) - delta)
+        dq += scale * (ds @ kc)
+        dk_parts.append(scale * (ds.transpose(-1, -2) @ q64))
+    dk, dv = torch.cat(dk_parts, dim=2), torch.cat(dv_parts, dim=2)
+    b, _, _, _ = q.shape
+    if group > 1:
+        dk = dk.view(b, hq // group, group, nk, -1).sum(2)
+        dv = dv.view(b, hq // group, group, nk, -1).sum(2)
+    return dq, dk, dv
