@@ -29,7 +29,7 @@ from refimpl.golden import check_shapes, default_scale
 from refimpl.masks import causal_offset
 
 NEG_INF = float("-inf")
-TILES = (1, 3, 16, 32, 64, 128)
+TILES = (3, 16, 32, 64, 128)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -11,6 +11,10 @@ backward streams over key chunks with the saved lse, so memory is O(N * chunk), 
     dS = P * (dP - Delta),  dQ = scale * dS K,  dK = scale * dS^T Q
 
 dK and dV of a kv head are summed over the query heads of its group.
+
+With ``bounds=True`` the backward also returns the same sums taken over absolute values
+(``|dO|``, ``|V|``, ``|Q|``, ``|K|``, ``|P (dP - Delta)| <= P (|dO||V|^T + |dO|.|O|)``): the
+magnitude that rounding errors scale with, even where the gradient itself cancels to ~0.
 """
 
 from __future__ import annotations
@@ -88,8 +92,10 @@ def attention_golden_backward(
     scale: float | None = None,
     alignment: str = "bottom-right",
     chunk: int = DEFAULT_CHUNK,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Float64 ``(dq, dk, dv)`` for upstream gradient ``do`` of the output ``o``."""
+    bounds: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Float64 ``(dq, dk, dv)`` for upstream gradient ``do`` of the output ``o``; with
+    ``bounds`` also ``(|dq|, |dk|, |dv|)`` bounds computed from absolute values."""
     hq, group = check_shapes(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     o, lse = attention_golden(q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk)
@@ -100,6 +106,10 @@ def attention_golden_backward(
     lse_safe = torch.where(lse == NEG_INF, 0.0, lse)[..., None]
     dq = torch.zeros_like(q64)
     dk_parts, dv_parts = [], []
+    abs_do, abs_q = do64.abs(), q64.abs()
+    abs_delta = (abs_do * o.abs()).sum(-1, keepdim=True)
+    dq_abs = torch.zeros_like(q64)
+    dk_abs_parts, dv_abs_parts = [], []
     for start in range(0, nk, chunk):
         stop = min(start + chunk, nk)
         kc, vc = k64[:, :, start:stop], v64[:, :, start:stop]
@@ -112,9 +122,15 @@ def attention_golden_backward(
         ds = p * (do64 @ vc.transpose(-1, -2) - delta)
         dq += scale * (ds @ kc)
         dk_parts.append(scale * (ds.transpose(-1, -2) @ q64))
-    dk, dv = torch.cat(dk_parts, dim=2), torch.cat(dv_parts, dim=2)
-    b, _, _, _ = q.shape
-    if group > 1:
-        dk = dk.view(b, hq // group, group, nk, -1).sum(2)
-        dv = dv.view(b, hq // group, group, nk, -1).sum(2)
-    return dq, dk, dv
+        if bounds:
+            dv_abs_parts.append(p.transpose(-1, -2) @ abs_do)
+            ds_abs = p * (abs_do @ vc.abs().transpose(-1, -2) + abs_delta)
+            dq_abs += scale * (ds_abs @ kc.abs())
+            dk_abs_parts.append(scale * (ds_abs.transpose(-1, -2) @ abs_q))
+    grads = [dq, torch.cat(dk_parts, dim=2), torch.cat(dv_parts, dim=2)]
+    if bounds:
+        grads += [dq_abs, torch.cat(dk_abs_parts, dim=2), torch.cat(dv_abs_parts, dim=2)]
+    if group > 1:  # sum dK, dV (and their bounds) over the query heads of each group
+        for i in (1, 2, 4, 5) if bounds else (1, 2):
+            grads[i] = grads[i].view(q.shape[0], hq // group, group, nk, -1).sum(2)
+    return tuple(grads)

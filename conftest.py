@@ -1,0 +1,126 @@
+"""flashprop's pytest plugin: which kernels, which device, which Hypothesis profile.
+
+Options:
+    --kernel NAME|module:attr|path.py:attr   kernel under test (repeatable; default: triton)
+    --device cpu|cuda                         where tensors live (default: cuda if available)
+    --max-examples N                          override the profile's examples per property
+    --max-n N                                 largest sequence length drawn
+Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
+``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
+
+Tests that take a ``kernel`` argument run once per ``--kernel``; a kernel that cannot run here,
+or that does not declare the device, is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
+            HealthCheck.function_scoped_fixture]
+settings.register_profile("ci", max_examples=12, derandomize=True, deadline=None, database=None,
+                          suppress_health_check=_SLOW_OK, print_blob=True)
+settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SLOW_OK,
+                          print_blob=True)
+settings.register_profile("fuzz", max_examples=500, deadline=None, suppress_health_check=_SLOW_OK,
+                          print_blob=True, phases=list(Phase))
+settings.register_profile("gpu", max_examples=100, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=_SLOW_OK, print_blob=True)
+settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("flashprop")
+    group.addoption("--kernel", action="append", default=[], help="kernel under test (repeatable)")
+    group.addoption("--device", default=None, choices=("cpu", "cuda"), help="tensor device")
+    group.addoption("--max-examples", type=int, default=None, help="examples per property")
+    group.addoption("--max-n", type=int, default=None, help="largest sequence length drawn")
+
+
+def _device(config: pytest.Config) -> str:
+    dev = config.getoption("--device")
+    if dev is None:
+        import torch
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    return dev
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
+    config.addinivalue_line("markers", "slow: expensive properties")
+    if _device(config) == "cpu":
+        # Triton kernels run on CPU tensors only under the interpreter; set before triton loads.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    n = config.getoption("--max-examples")
+    if n is not None:
+        settings.register_profile("flashprop-cli", settings(settings.default, max_examples=n))
+        settings.load_profile("flashprop-cli")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "kernel" in metafunc.fixturenames:
+        from kernels.registry import default_kernel
+
+        specs = metafunc.config.getoption("--kernel") or [default_kernel(_device(metafunc.config))]
+        metafunc.parametrize("kernel", specs, indirect=True, scope="session")
+
+
+_LOADED: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> str:
+    return _device(request.config)
+
+
+@pytest.fixture(scope="session")
+def kernel(request: pytest.FixtureRequest, device: str):
+    from kernels.registry import KernelUnavailable, load_kernel
+
+    spec = request.param
+    if spec not in _LOADED:
+        try:
+            _LOADED[spec] = load_kernel(spec)
+        except KernelUnavailable as err:
+            _LOADED[spec] = str(err)
+    loaded = _LOADED[spec]
+    if isinstance(loaded, str):
+        pytest.skip(f"unavailable: {loaded}")
+    if device not in loaded.capabilities.devices:
+        pytest.skip(f"kernel {spec} does not declare device {device} "
+                    f"(declares {sorted(loaded.capabilities.devices)})")
+    return loaded
+
+
+@pytest.fixture(scope="session")
+def sizes(request: pytest.FixtureRequest, device: str):
+    """Size bounds: small under the Triton interpreter / on CPU, larger on a GPU."""
+    from properties.strategies import Sizes
+
+    max_n = request.config.getoption("--max-n")
+    if device == "cuda":
+        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4,
+                     max_work=20_000_000)
+    return Sizes(max_n=max_n or 48, max_work=400_000)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    from properties.report import TALLIES, summary_lines
+
+    lines = summary_lines()
+    if not lines:
+        return
+    terminalreporter.section("flashprop: examples per property")
+    for line in lines:
+        terminalreporter.write_line(line)
+    failed = [(k, t) for k, t in sorted(TALLIES.items()) if t.last_failure]
+    if failed:
+        terminalreporter.section("flashprop: failures (shrunk problem and repro)")
+        for (kern, prop), t in failed:
+            terminalreporter.write_line(f"--- {kern} / {prop}")
+            for line in t.last_failure.splitlines():
+                terminalreporter.write_line(line)

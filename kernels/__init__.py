@@ -1,0 +1,15 @@
+"""The kernel contract (capabilities, registry, loader) and the kernels under test."""
+
+from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
+from kernels.registry import BUILTIN, Kernel, KernelUnavailable, default_kernel, load_kernel
+
+__all__ = [
+    "BUILTIN",
+    "FULL_SUPPORT",
+    "Capabilities",
+    "Kernel",
+    "KernelUnavailable",
+    "Limit",
+    "default_kernel",
+    "load_kernel",
+]

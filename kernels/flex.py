@@ -1,0 +1,63 @@
+"""Adapter for FlexAttention (``torch.nn.attention.flex_attention``), compiled, on CUDA.
+
+Causal masking is a ``mask_mod`` with DESIGN.md's bottom-right alignment
+(``kv_idx <= q_idx + Nk - Nq``), so Flex is judged by the same convention as the fused kernels.
+It returns the lse (``return_lse=True``; natural log).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels.capabilities import Capabilities
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - very old torch
+    flex_attention = None
+
+
+def unavailable_reason() -> str | None:
+    if flex_attention is None:
+        return "torch.nn.attention.flex_attention is not in this torch"
+    if not torch.cuda.is_available():
+        return "needs a CUDA device for compiled FlexAttention (torch sees none)"
+    return None
+
+
+@functools.cache
+def _compiled():
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=64)
+def _causal_block_mask(nq: int, nk: int, device: str):
+    offset = nk - nq
+
+    def bottom_right(b, h, q_idx, kv_idx):
+        return kv_idx <= q_idx + offset
+
+    return create_block_mask(bottom_right, None, None, nq, nk, device=device)
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+    """FlexAttention ``(o, lse)`` with bottom-right causal masking."""
+    if q.device.type != "cuda":
+        raise NotImplementedError("the flex adapter runs compiled FlexAttention on CUDA only")
+    if q.dtype not in attention.capabilities.dtypes:
+        raise TypeError(f"flex adapter does not take {q.dtype}")
+    block_mask = _causal_block_mask(q.shape[2], k.shape[2], str(q.device)) if causal else None
+    o, lse = _compiled()(
+        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=True
+    )
+    return o, lse
+
+
+attention.capabilities = Capabilities(
+    dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+    head_dims=frozenset({16, 32, 64, 128, 256}),
+    devices=frozenset({"cuda"}),
+    fp32_matmul="tf32",
+)

@@ -1,0 +1,105 @@
+"""Kernel registry and loader.
+
+A kernel is named by a registered name (``triton``, ``cuda``, ``ref-blocked``, ``sdpa-math``,
+``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``, ``flex``, ``flash-attn``), by
+``module:attr`` or by ``path/to/file.py:attr``. A kernel callable or its module may define
+``unavailable_reason()`` returning why the kernel cannot run here (``None`` when it can); the loader then raises
+:class:`KernelUnavailable` with that reason and the suite skips the kernel saying so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kernels.capabilities import FULL_SUPPORT, Capabilities
+
+#: Registered names and the ``module:attr`` each stands for.
+BUILTIN: dict[str, str] = {
+    "triton": "kernels.triton_attention:attention",
+    "cuda": "kernels.cuda_attention:attention",
+    "ref-blocked": "refimpl.blocked:attention",
+    "sdpa-math": "kernels.sdpa:sdpa_math",
+    "sdpa-flash": "kernels.sdpa:sdpa_flash",
+    "sdpa-efficient": "kernels.sdpa:sdpa_efficient",
+    "sdpa-cudnn": "kernels.sdpa:sdpa_cudnn",
+    "flex": "kernels.flex:attention",
+    "flash-attn": "kernels.flash_attn_adapter:attention",
+}
+
+
+class KernelUnavailable(RuntimeError):
+    """The kernel cannot run on this machine (no GPU, package missing, build failed)."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A loaded kernel: its name, the callable and its declared capabilities."""
+
+    name: str
+    fn: Callable
+    capabilities: Capabilities
+
+    def __call__(self, q, k, v, *, causal=False, scale=None, block_m=None, block_n=None):
+        """Call the kernel; returns ``(o, lse)`` with ``lse=None`` when it returns only ``o``."""
+        kwargs = {}
+        if block_m is not None:
+            kwargs["block_m"] = block_m
+        if block_n is not None:
+            kwargs["block_n"] = block_n
+        if scale is not None:
+            kwargs["scale"] = scale
+        out = self.fn(q, k, v, causal=causal, **kwargs)
+        if isinstance(out, tuple | list):
+            if len(out) != 2:
+                raise TypeError(f"kernel {self.name} returned {len(out)} values; expected o or (o, lse)")
+            return out[0], out[1]
+        return out, None
+
+
+def _import_target(spec: str) -> tuple[object, Callable]:
+    target, sep, attr = spec.rpartition(":")
+    if not sep or not target or not attr:
+        raise ValueError(f"kernel spec {spec!r} is neither a registered name nor module:attr / file.py:attr")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise ValueError(f"kernel file {path} does not exist")
+        name = f"flashprop_user_{path.stem}"
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        mod_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
+        raise ValueError(f"{target} has no attribute {attr!r}") from None
+    return module, fn
+
+
+def load_kernel(spec: str) -> Kernel:
+    """Resolve a kernel name or spec; raises :class:`KernelUnavailable` if it cannot run here."""
+    module, fn = _import_target(BUILTIN.get(spec, spec))
+    reason_fn = getattr(fn, "unavailable_reason", None) or getattr(module, "unavailable_reason", None)
+    reason = reason_fn() if callable(reason_fn) else None
+    if reason:
+        raise KernelUnavailable(f"kernel {spec}: {reason}")
+    caps = getattr(fn, "capabilities", FULL_SUPPORT)
+    if not isinstance(caps, Capabilities):
+        raise TypeError(f"kernel {spec}: .capabilities must be a kernels.Capabilities, got {type(caps)}")
+    return Kernel(name=spec, fn=fn, capabilities=caps)
+
+
+def default_kernel(device: str) -> str:
+    """The best built-in kernel for ``device``: the fused Triton kernel (the interpreter on CPU)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise KernelUnavailable("--device cuda asked for but torch sees no CUDA device")
+    return "triton"

@@ -1,0 +1,91 @@
+"""Adapters for PyTorch's ``scaled_dot_product_attention`` backends.
+
+Each adapter pins one backend with ``torch.nn.attention.sdpa_kernel`` and declares what that
+backend supports. SDPA's ``is_causal`` is top-left aligned (query i sees key j iff j <= i), so
+the adapters declare ``causal_alignment="top-left"`` and the reference follows. SDPA returns no
+lse. A problem the pinned backend refuses ("No available kernel") is re-raised as
+``NotImplementedError`` naming the backend: a clear refusal under the error contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from kernels.capabilities import Capabilities
+
+_LOW = frozenset({torch.float16, torch.bfloat16})
+
+
+def _cuda_reason() -> str | None:
+    return None if torch.cuda.is_available() else "needs a CUDA device (torch sees none)"
+
+
+def _make(backend: SDPBackend, caps: Capabilities, doc: str) -> Callable:
+    def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+        if q.device.type not in caps.devices:
+            raise NotImplementedError(f"SDPA {backend.name} does not run on {q.device.type}")
+        if q.dtype not in caps.dtypes:
+            raise TypeError(f"SDPA {backend.name} does not take {q.dtype}")
+        try:
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(
+                    q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+                )
+        except RuntimeError as err:
+            if "No available kernel" in str(err):
+                raise NotImplementedError(f"SDPA {backend.name} refused the problem: {err}") from err
+            raise
+
+    attention.__doc__ = doc
+    attention.capabilities = caps
+    if "cuda" not in caps.devices or "cpu" in caps.devices:
+        return attention
+    attention.unavailable_reason = _cuda_reason
+    return attention
+
+
+sdpa_math = _make(
+    SDPBackend.MATH,
+    Capabilities(causal_alignment="top-left", returns_lse=False),
+    "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype.",
+)
+sdpa_flash = _make(
+    SDPBackend.FLASH_ATTENTION,
+    Capabilities(
+        dtypes=_LOW,
+        head_dims=range(1, 257),
+        dv_equals_d=True,
+        causal_alignment="top-left",
+        returns_lse=False,
+        deterministic_backward=False,
+        devices=frozenset({"cuda"}),
+    ),
+    "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16.",
+)
+sdpa_efficient = _make(
+    SDPBackend.EFFICIENT_ATTENTION,
+    Capabilities(
+        dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+        causal_alignment="top-left",
+        returns_lse=False,
+        deterministic_backward=False,
+        devices=frozenset({"cuda"}),
+    ),
+    "SDPA memory-efficient backend (xformers cutlass kernels), CUDA fp16/bf16/fp32.",
+)
+sdpa_cudnn = _make(
+    SDPBackend.CUDNN_ATTENTION,
+    Capabilities(
+        dtypes=_LOW,
+        head_dims=range(8, 257, 8),
+        causal_alignment="top-left",
+        returns_lse=False,
+        deterministic_backward=False,
+        devices=frozenset({"cuda"}),
+    ),
+    "SDPA cuDNN backend (FlashAttention-3 class on Hopper), CUDA fp16/bf16.",
+)

@@ -1,0 +1,1 @@
+"""Hypothesis strategies, the tolerance model and the property tests."""

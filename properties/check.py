@@ -1,0 +1,214 @@
+"""The property harness: run a kernel on a drawn problem, judge it, report a failure well.
+
+Every property is a function ``check(kernel, problem)`` that raises :class:`PropertyFailure`
+with :func:`failure`'s message. :func:`run_property` drives it with Hypothesis, so failures are
+shrunk to a minimal problem, and keeps the per-property tallies of :mod:`properties.report`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernels.registry import Kernel
+from properties.problem import Problem
+from properties.report import record
+from properties.tolerance import Comparison, compare
+from refimpl import attention_golden, attention_golden_backward, attention_yardstick
+
+#: The errors that count as a clear refusal under the error contract.
+CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold; the message carries the problem, the errors and a repro."""
+
+
+class KernelRefused(Exception):
+    """The kernel raised a clear error (ValueError, TypeError, NotImplementedError)."""
+
+
+#: Kernels that broke the CUDA context: name -> the failure that did it.
+BROKEN: dict[str, str] = {}
+
+_CUDA_FATAL = ("illegal memory access", "unspecified launch failure", "device-side assert",
+               "misaligned address", "illegal instruction", "CUDA error: an illegal")
+
+
+def failure(kernel: Kernel, problem: Problem, prop: str, details: list[str], *, backward: bool = False) -> str:
+    lines = [
+        f"property {prop!r} failed for kernel {kernel.name!r}",
+        f"problem: {problem.describe()}",
+        *details,
+        "repro (run from the flashprop root):",
+        *("    " + line for line in problem.repro(kernel.name, backward=backward).splitlines()),
+    ]
+    return "\n".join(lines)
+
+
+@dataclass
+class Outputs:
+    o: torch.Tensor
+    lse: torch.Tensor | None
+    dq: torch.Tensor | None = None
+    dk: torch.Tensor | None = None
+    dv: torch.Tensor | None = None
+    #: Golden only: absolute-value bounds of the gradients (the floor's magnitude).
+    bounds: dict[str, float] | None = None
+
+
+def run_kernel(
+    kernel: Kernel,
+    problem: Problem,
+    prop: str,
+    *,
+    backward: bool = False,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    scale: float | None = None,
+    grad_output: torch.Tensor | None = None,
+    declared: bool = True,
+) -> Outputs:
+    """Call the kernel on the problem's tensors (or on ``inputs``); gradients if ``backward``.
+
+    A clear error on a ``declared`` problem, any other exception, or a broken CUDA context is a
+    :class:`PropertyFailure`. On an undeclared problem (``declared=False``, the error contract)
+    a clear error raises :class:`KernelRefused` instead.
+    """
+    q, k, v = inputs if inputs is not None else problem.inputs(requires_grad=backward)
+    scale = problem.scale if scale is None else scale
+    try:
+        o, lse = kernel(q, k, v, causal=problem.causal, scale=scale,
+                        block_m=problem.block_m, block_n=problem.block_n)
+        grads = (None, None, None)
+        if backward:
+            do = problem.grad_output() if grad_output is None else grad_output
+            grads = torch.autograd.grad(o, (q, k, v), do, allow_unused=True)
+        if q.is_cuda:
+            torch.cuda.synchronize()
+    except CLEAR_ERRORS as err:
+        text = f"{type(err).__name__}: {err}"
+        if not declared:
+            raise KernelRefused(text) from err
+        raise PropertyFailure(failure(kernel, problem, prop, [f"the kernel refused a declared problem: {text}"],
+                                      backward=backward)) from err
+    except Exception as err:  # noqa: BLE001 - any other exception is the finding
+        text = f"{type(err).__name__}: {err}"
+        if any(s in str(err) for s in _CUDA_FATAL):
+            BROKEN[kernel.name] = f"{prop}: {text}\n{problem.describe()}"
+        raise PropertyFailure(failure(kernel, problem, prop, [f"the kernel raised {text}"],
+                                      backward=backward)) from err
+    if kernel.capabilities.returns_lse and lse is None:
+        raise PropertyFailure(failure(kernel, problem, prop, ["declares returns_lse but returned only o"]))
+    return Outputs(o, lse, *grads)
+
+
+@functools.lru_cache(maxsize=16)
+def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> tuple[Outputs, Outputs]:
+    """Golden (float64) and yardstick (input dtype) outputs for ``problem``, cached."""
+    q, k, v = problem.inputs()
+    kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment)
+    o, lse = attention_golden(q, k, v, **kw)
+    golden = Outputs(o, lse)
+    if backward:
+        golden.dq, golden.dk, golden.dv, *abs_bounds = attention_golden_backward(
+            q, k, v, problem.grad_output(), bounds=True, **kw)
+        golden.bounds = {n: float(t.max()) if t.numel() else 0.0
+                         for n, t in zip(("dq", "dk", "dv"), abs_bounds, strict=True)}
+    qy, ky, vy = (t.detach().requires_grad_(backward) for t in (q, k, v))
+    tf32_ctx = _tf32() if tf32 and q.is_cuda else contextlib.nullcontext()
+    with tf32_ctx, torch.set_grad_enabled(backward):
+        oy, lsey = attention_yardstick(qy, ky, vy, **kw)
+        yard = Outputs(oy.detach(), lsey.detach())
+        if backward:
+            yard.dq, yard.dk, yard.dv = torch.autograd.grad(oy, (qy, ky, vy), problem.grad_output())
+    return golden, yard
+
+
+@contextlib.contextmanager
+def _tf32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def reference_for(kernel: Kernel, problem: Problem, backward: bool = False) -> tuple[Outputs, Outputs]:
+    caps = kernel.capabilities
+    return references(problem, caps.causal_alignment, caps.fp32_matmul == "tf32", backward)
+
+
+def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]) -> list[Comparison]:
+    """Compare the named tensors of ``out`` with golden; lse only when the kernel returns it."""
+    golden, yard = reference_for(kernel, problem, backward=any(n.startswith("d") for n in names))
+    finite_lse = golden.lse[torch.isfinite(golden.lse)]
+    logit_size = float(finite_lse.abs().max()) if finite_lse.numel() else 0.0
+    results = []
+    for name in names:
+        if name == "lse" and out.lse is None:
+            continue
+        actual = getattr(out, name)
+        if actual is None:
+            results.append(Comparison(name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0,
+                                      "no gradient returned"))
+            continue
+        if name == "o" and actual.dtype != problem.dtype:
+            results.append(Comparison(name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0,
+                                      f"output dtype {actual.dtype} != input dtype {problem.dtype}"))
+            continue
+        magnitude = golden.bounds.get(name) if golden.bounds else None
+        results.append(compare(name, actual, getattr(golden, name), getattr(yard, name), problem.dtype,
+                               magnitude, logit_size))
+    return results
+
+
+def assert_close_to_golden(kernel: Kernel, problem: Problem, prop: str, out: Outputs,
+                           names: tuple[str, ...]) -> None:
+    results = judge(kernel, problem, out, names)
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise PropertyFailure(failure(kernel, problem, prop, [r.describe() for r in results],
+                                      backward=any(n.startswith("d") for n in names)))
+
+
+def run_property(
+    kernel: Kernel,
+    prop: str,
+    problems: st.SearchStrategy[Problem],
+    check: Callable[[Kernel, Problem], str | None],
+    *,
+    weight: float = 1.0,
+) -> None:
+    """Drive ``check`` with Hypothesis over ``problems``; tally each example.
+
+    ``check`` returns ``"refused"`` when the kernel clearly refused an undeclared problem
+    (error-contract properties), else ``None`` for a pass; it raises on failure. ``weight``
+    scales the profile's ``max_examples`` for expensive properties.
+    """
+    if kernel.name in BROKEN:
+        pytest.skip(f"kernel {kernel.name} broke the CUDA context earlier (reported there): "
+                    f"{BROKEN[kernel.name].splitlines()[0]}")
+    base = settings.default
+    n = max(1, round(base.max_examples * weight))
+
+    @settings(base, max_examples=n)
+    @given(problems)
+    def examples(problem: Problem) -> None:
+        start = time.perf_counter()
+        try:
+            outcome = check(kernel, problem) or "passed"
+        except PropertyFailure as err:
+            record(kernel.name, prop, "failed", time.perf_counter() - start, str(err))
+            raise
+        record(kernel.name, prop, outcome, time.perf_counter() - start)
+
+    examples()

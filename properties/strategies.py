@@ -1,0 +1,166 @@
+"""Hypothesis strategies that draw whole problems from a kernel's declared capabilities.
+
+:func:`problems` draws only declared problems; :func:`undeclared_problems` draws problems that
+step outside the declaration along exactly one axis (a dtype, a head dim, causal, Nq != Nk, GQA,
+an explicit scale, a strided layout, a sequence length, a tile size): the kernel must refuse
+those with a clear error or answer them correctly.
+
+Sizes are bounded by :class:`Sizes`, chosen per run by conftest (profile, device, interpreter).
+Sequence lengths favour 1, small primes and values just off every tile multiple, so tails that
+do not fill a tile are drawn often.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from hypothesis import assume, reject
+from hypothesis import strategies as st
+
+from kernels.capabilities import ALL_DTYPES, Capabilities
+from properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
+
+#: Head dims worth trying first: odd, non-power-of-two and the common ones.
+FAVOURITE_HEAD_DIMS = (1, 8, 16, 24, 32, 40, 64, 72, 80, 96, 128, 200, 256)
+#: Head dims no kernel claims by default (DESIGN.md: 1..256).
+OVERSIZED_HEAD_DIMS = (257, 264, 288, 320, 512)
+_DTYPE_ORDER = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Upper bounds for drawn problems (keep CPU examples cheap)."""
+
+    max_n: int = 64
+    max_batch: int = 2
+    max_kv_heads: int = 2
+    max_group: int = 3
+    max_head_dim: int = 256
+    #: Above this many score elements (B * Hq * Nq * Nk * D), the draw prefers smaller sizes.
+    max_work: int = 2_000_000
+
+
+DEFAULT_SIZES = Sizes()
+
+
+def _seq_lens(max_n: int) -> st.SearchStrategy[int]:
+    near_tiles = sorted({n for t in (16, 32, 64, 128) for n in (t - 1, t + 1) if 1 <= n <= max_n})
+    special = [n for n in (1, 2, 3, 5, 7, 13, 17) if n <= max_n] + near_tiles
+    return st.one_of(st.sampled_from(special), st.integers(1, max_n))
+
+
+def _dims(allowed, max_d: int) -> st.SearchStrategy[int]:
+    fav = [d for d in FAVOURITE_HEAD_DIMS if d in allowed and d <= max_d]
+    rest = sorted(d for d in allowed if d <= max_d)
+    if not rest:
+        return st.nothing()
+    return st.one_of(st.sampled_from(fav or rest), st.sampled_from(rest))
+
+
+def _dtypes(caps: Capabilities, only: tuple[torch.dtype, ...] | None) -> list[torch.dtype]:
+    return [dt for dt in _DTYPE_ORDER if dt in caps.dtypes and (only is None or dt in only)]
+
+
+@st.composite
+def problems(
+    draw,
+    caps: Capabilities,
+    *,
+    device: str = "cpu",
+    sizes: Sizes = DEFAULT_SIZES,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+    causal: bool | None = None,
+    unequal: bool | None = None,
+    explicit_scale: bool | None = None,
+    layouts: tuple[str, ...] = LAYOUTS,
+    dists: tuple[str, ...] = DISTRIBUTIONS,
+) -> Problem:
+    """A problem the kernel declares. Keyword arguments pin an axis (``None``: draw it)."""
+    dtype = draw(st.sampled_from(_dtypes(caps, dtypes)))
+    hkv = draw(st.integers(1, sizes.max_kv_heads))
+    group = draw(st.integers(1, sizes.max_group)) if caps.gqa else 1
+    b = draw(st.integers(1, sizes.max_batch))
+    nq = draw(_seq_lens(sizes.max_n if caps.max_seqlen is None else min(sizes.max_n, caps.max_seqlen)))
+    if unequal is None:
+        unequal = caps.unequal_lengths and draw(st.booleans())
+    nk = draw(_seq_lens(sizes.max_n).filter(lambda n: n != nq)) if unequal else nq
+    d = draw(_dims(caps.head_dims, sizes.max_head_dim))
+    dv = d if caps.dv_equals_d or draw(st.booleans()) else draw(_dims(caps.dv_dims, sizes.max_head_dim))
+    is_causal = (caps.causal and draw(st.booleans())) if causal is None else causal
+    use_scale = (caps.custom_scale and draw(st.booleans())) if explicit_scale is None else explicit_scale
+    scale = draw(st.sampled_from([0.03125, 0.125, 0.5, 1.0, 2.0])) if use_scale else None
+    layout = draw(st.sampled_from(layouts if caps.any_strides else ("contiguous",)))
+    block_m = draw(st.sampled_from(caps.block_m)) if caps.block_m else None
+    block_n = draw(st.sampled_from(caps.block_n)) if caps.block_n else None
+    p = Problem(
+        b=b, hq=hkv * group, hkv=hkv, nq=nq, nk=nk, d=d, dv=dv, dtype=dtype, causal=is_causal,
+        scale=scale, layout=layout, dist=draw(st.sampled_from(dists)),
+        seed=draw(st.integers(0, 2**31 - 1)), block_m=block_m, block_n=block_n, device=device,
+    )
+    if b * p.hq * nq * nk * max(d, dv) > sizes.max_work:
+        p = p.replace(b=1, hq=hkv, hkv=hkv) if hkv * nq * nk * max(d, dv) <= sizes.max_work else p.replace(
+            b=1, hq=1, hkv=1)
+    reason = caps.unsupported_reason(p)
+    if reason is not None:  # only a declared known limit can land here
+        reject()
+    return p
+
+
+AXES = ("dtype", "head_dim", "causal", "unequal", "gqa", "scale", "layout", "seqlen", "block_m", "block_n")
+
+
+def undeclared_axes(caps: Capabilities) -> list[str]:
+    """The axes along which a kernel declares less than full support."""
+    axes = []
+    if set(ALL_DTYPES) - set(caps.dtypes):
+        axes.append("dtype")
+    axes.append("head_dim")  # every kernel has undeclared head dims (at least > 256)
+    if not caps.causal:
+        axes.append("causal")
+    if not caps.unequal_lengths:
+        axes.append("unequal")
+    if not caps.gqa:
+        axes.append("gqa")
+    if not caps.custom_scale:
+        axes.append("scale")
+    if not caps.any_strides:
+        axes.append("layout")
+    if caps.max_seqlen is not None:
+        axes.append("seqlen")
+    if caps.block_m:
+        axes.append("block_m")
+    if caps.block_n:
+        axes.append("block_n")
+    return axes
+
+
+@st.composite
+def undeclared_problems(draw, caps: Capabilities, *, device: str = "cpu", sizes: Sizes = DEFAULT_SIZES) -> Problem:
+    """A declared problem pushed outside the declaration along one undeclared axis."""
+    axis = draw(st.sampled_from(undeclared_axes(caps)))
+    base: Problem = draw(problems(caps, device=device, sizes=Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)))
+    if axis == "dtype":
+        p = base.replace(dtype=draw(st.sampled_from([d for d in _DTYPE_ORDER if d not in caps.dtypes])))
+    elif axis == "head_dim":
+        outside = [d for d in (*range(1, 257), *OVERSIZED_HEAD_DIMS) if d not in caps.head_dims]
+        d = draw(st.sampled_from(outside))
+        p = base.replace(d=d, dv=d if caps.dv_equals_d else base.dv, nq=min(base.nq, 8), nk=min(base.nk, 8), b=1)
+    elif axis == "causal":
+        p = base.replace(causal=True)
+    elif axis == "unequal":
+        p = base.replace(nk=base.nq + draw(st.integers(1, 9)))
+    elif axis == "gqa":
+        p = base.replace(hq=2 * base.hkv)
+    elif axis == "scale":
+        p = base.replace(scale=0.5)
+    elif axis == "layout":
+        p = base.replace(layout=draw(st.sampled_from(LAYOUTS[1:])))
+    elif axis == "seqlen":
+        p = base.replace(nq=caps.max_seqlen + 1, nk=caps.max_seqlen + 1)
+    else:
+        declared = caps.block_m if axis == "block_m" else caps.block_n
+        tile = draw(st.sampled_from([t for t in (2, 5, 12, 24, 48, 100, 256) if t not in declared]))
+        p = base.replace(**{axis: tile})
+    assume(caps.must_raise(p))
+    return p
