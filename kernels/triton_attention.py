@@ -1,0 +1,825 @@
+"""Fused FlashAttention-2 in Triton: forward and backward, read top to bottom.
+
+Math. For one (batch, query head) pair with queries q_i, keys k_j and values v_j:
+
+    s_ij = scale * q_i . k_j                      (only keys j visible to query i)
+    lse_i = log sum_j exp(s_ij)                   (natural log)
+    o_i = sum_j exp(s_ij - lse_i) v_j
+
+The forward streams over key tiles with the online softmax: a running row maximum m_i, a running
+denominator l_i and an unnormalised accumulator acc_i, rescaled by exp(m_old - m_new) whenever
+the maximum grows. Exponentials use exp2, so scores are kept in base-2 units
+(s * scale * log2(e)) and converted back to natural log for lse.
+
+The backward (FlashAttention-2) recomputes P = exp(S - lse) tile by tile:
+
+    dV = P^T dO         dP = dO V^T         dS = P * (dP - Delta)
+    dQ = scale * dS K   dK = scale * dS^T Q   with Delta_i = rowsum(dO_i * o_i) - dlse_i
+
+(the dlse term makes lse differentiable too: d lse_i / d s_ij = P_ij).
+
+Conventions (the flashprop kernel contract, DESIGN.md):
+
+* q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); any strides (strides are passed to
+  the kernels, nothing is made contiguous); Dv may differ from D; D, Dv in 1..256 (tiles are
+  padded to a power of two >= 16 and loads/stores masked).
+* GQA/MQA: query head h reads kv head h // (Hq // Hkv); dK/dV are summed over the group inside
+  one program (a loop over the group's query heads), so the backward needs no atomics and is
+  deterministic.
+* causal is bottom-right aligned: query i sees key j iff j <= i + (Nk - Nq). Key tiles no query
+  row of a block sees are skipped; tiles on the diagonal are masked. A row that sees no key
+  (Nq > Nk) gets o = 0, lse = -inf and zero gradients.
+* fp16/bf16 inputs accumulate in fp32; fp32 uses ``tl.dot(input_precision="ieee")`` (no tf32);
+  fp64 runs in fp64 throughout (so gradcheck can run on the kernel). lse is fp32 (fp64 for
+  fp64 inputs); o has the input dtype.
+
+Stages of this file:
+  1. tile helpers (masked loads and stores)
+  2. forward kernel
+  3. backward preprocess: Delta and the base-2 lse used by the backward
+  4. backward dK/dV kernel (one program per key tile and kv head)
+  5. backward dQ kernel (one program per query tile and query head)
+  6. tile choice: autotuner configs (GPU) and the fixed interpreter tiles
+  7. host side: input checks, launchers, autograd, ``attention`` and its capabilities
+
+CPU: under ``TRITON_INTERPRET=1`` (read when this module is imported, as Triton does) the same
+kernels run in Triton's interpreter on CPU tensors. The interpreter multiplies bf16 bit patterns
+in ``tl.dot`` (triton issue 11584), so bf16 is refused there.
+"""
+
+import contextlib
+import math
+import os
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from kernels.capabilities import Capabilities, Limit
+
+#: Whether the kernels below are Triton-interpreted (CPU tensors) or compiled (CUDA tensors).
+#: ``triton.jit`` makes this choice when the decorated function is defined, i.e. at import.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+def _fix_interpreter_index_for_numpy_2_4() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with ``int(array_of_shape_1)``,
+    which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"),
+    so every loop with a runtime bound fails (triton issue 9171, fixed upstream by PR 9172).
+    Apply the upstream fix (squeeze first) when running interpreted on such a numpy."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    try:
+        int(np.ones(1, dtype=np.int32))
+        return  # numpy < 2.4: nothing to fix
+    except TypeError:
+        pass
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_flashprop_fixed", False):
+        return
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor._flashprop_fixed = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+if INTERPRET:
+    _fix_interpreter_index_for_numpy_2_4()
+
+
+LOG2E: float = math.log2(math.e)
+LN2: float = math.log(2.0)
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: tile helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _load_tile(
+    base,
+    rows,
+    cols,
+    stride_r,
+    stride_c,
+    n_rows,
+    N_COLS: tl.constexpr,
+    BLOCK_COLS: tl.constexpr,
+    CHECK_ROWS: tl.constexpr,
+):
+    """Load ``base[rows, cols]``; entries with ``cols >= N_COLS`` (padding of the head dim) or,
+    when CHECK_ROWS, ``rows >= n_rows`` are never read and come back as 0."""
+    ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    if CHECK_ROWS:
+        tile = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :], other=0.0)
+    elif BLOCK_COLS != N_COLS:
+        tile = tl.load(ptrs, mask=(cols < N_COLS)[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(base, tile, rows, cols, stride_r, stride_c, n_rows, N_COLS: tl.constexpr):
+    """Store ``tile`` to ``base[rows, cols]`` for ``rows < n_rows`` and ``cols < N_COLS``."""
+    ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    mask = (rows < n_rows)[:, None] & (cols < N_COLS)[None, :]
+    tl.store(ptrs, tile.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _key_range(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """Key range of the query tile [start_m, start_m + BLOCK_M).
+
+    Returns (full_hi, hi): keys [0, full_hi) form whole tiles every row of the query tile sees
+    (no mask needed); keys [full_hi, hi) are the diagonal and the ragged end of the keys (masked);
+    keys >= hi are seen by no row of the tile and skipped.
+    """
+    if CAUSAL:
+        offset = n_k - n_q  # bottom-right alignment: row i sees keys j <= i + offset
+        hi = tl.maximum(tl.minimum(n_k, start_m + BLOCK_M + offset), 0)
+        full_hi = tl.maximum(tl.minimum(n_k, start_m + 1 + offset), 0)
+    else:
+        hi = n_k
+        full_hi = n_k
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    return full_hi, hi
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: forward
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_inner(
+    acc, m_i, l_i, q,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, lo, hi, n_q, n_k, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
+
+    m_i is the running row maximum in base-2 units; MASKED tiles hide keys >= n_k and, when
+    CAUSAL, keys right of the diagonal. A row that has seen no key yet keeps m_i = -inf; it is
+    subtracted as 0 so that exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        if MASKED:
+            visible = (offs_n < n_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        p = tl.exp2(s - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
+                       HEAD_DIM_V, BLOCK_DV, MASKED)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
+                     out_dtype=acc.dtype)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H_Q, GROUP, N_Q, N_K,
+    qk_scale: tl.float64,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """o and lse for one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq).
+
+    LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e), passed as fp64 so that
+    fp64 runs are not rounded through fp32.
+    """
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_Q).to(tl.int64)
+    off_h = (off_bh % H_Q).to(tl.int64)
+    off_hkv = off_h // GROUP
+    q_base = Q + off_b * stride_qb + off_h * stride_qh
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    o_base = Out + off_b * stride_ob + off_h * stride_oh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+
+    q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, BLOCK_D, True)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
+    m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
+    l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+
+    full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    # whole tiles every row sees: no masks
+    acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, 0, full_hi, N_Q, N_K, scale2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
+    )
+    # the diagonal and the ragged end of the keys: masked
+    acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, full_hi, hi, N_Q, N_K, scale2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
+    )
+
+    # epilogue: rows that saw no key have l_i = 0 -> o = 0, lse = -inf
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)
+    _store_tile(o_base, o, offs_m, offs_dv, stride_om, stride_od, N_Q, HEAD_DIM_V)
+    tl.store(LSE + off_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3: backward preprocess
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    Out, DO, LSE, DLSE, DELTA, LSE2,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dlb, stride_dlh, stride_dlm,
+    H_Q, N_Q,
+    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+):
+    """Delta = rowsum(dO * o) - dlse and lse2 = lse * log2(e), with lse2 = +inf on empty rows
+    (lse = -inf) so that P = exp2(s - lse2) is 0 there rather than NaN.
+
+    LSE, DELTA, LSE2 are contiguous (B, Hq, Nq); DLSE is strided.
+    Grid: (cdiv(Nq, BLOCK_M), B*Hq).
+    """
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_Q).to(tl.int64)
+    off_h = (off_bh % H_Q).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < N_Q
+
+    o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh, offs_m, offs_dv,
+                   stride_om, stride_od, N_Q, HEAD_DIM_V, BLOCK_DV, True)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_dv,
+                    stride_dom, stride_dod, N_Q, HEAD_DIM_V, BLOCK_DV, True)
+    dlse = tl.load(DLSE + off_b * stride_dlb + off_h * stride_dlh + offs_m * stride_dlm,
+                   mask=row_ok, other=0.0)
+    delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1) - dlse.to(ACC_DTYPE)
+
+    rows = off_bh.to(tl.int64) * N_Q + offs_m
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
+    log2e = tl.full([], 1.4426950408889634, ACC_DTYPE)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * log2e)
+    tl.store(DELTA + rows, delta, mask=row_ok)
+    tl.store(LSE2 + rows, lse2, mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 4: backward dK / dV
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_dkdv_inner(
+    dk, dv, k, v,
+    q_base, do_base, lse2_base, delta_base,
+    stride_qm, stride_qd, stride_dom, stride_dod,
+    offs_n, lo, hi, n_q, n_k, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi).
+
+    Works on transposed tiles (keys x queries). Query rows >= n_q load q = dO = lse2 = Delta = 0
+    and so contribute exactly 0; key rows >= n_k only touch their own (never stored) rows.
+    MASKED tiles (the causal diagonal) hide queries left of the diagonal.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < n_q
+        q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM, BLOCK_D, True)
+        do = _load_tile(do_base, offs_m, offs_dv, stride_dom, stride_dod, n_q,
+                        HEAD_DIM_V, BLOCK_DV, True)
+        lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=0.0)
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+
+        p_t = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
+                      - lse2[None, :])
+        if MASKED:
+            p_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION, out_dtype=dk.dtype)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, DK, DV, LSE2, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H_KV, GROUP, N_Q, N_K,
+    qk_scale: tl.float64, sm_scale: tl.float64,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
+    read it. Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_KV).to(tl.int64)
+    off_hkv = (off_bh % H_KV).to(tl.int64)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+
+    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh, offs_n, offs_d,
+                   stride_kn, stride_kd, N_K, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh, offs_n, offs_dv,
+                   stride_vn, stride_vd, N_K, HEAD_DIM_V, BLOCK_DV, True)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
+
+    # Query tiles that see this key tile: rows i >= start_n - offset see key start_n; rows
+    # i >= start_n + BLOCK_N - 1 - offset see the whole tile (unmasked from full_lo on).
+    if CAUSAL:
+        offset = N_K - N_Q
+        lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+        full_lo = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
+        full_lo = tl.maximum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, lo)
+    else:
+        lo = 0
+        full_lo = 0
+    masked_hi = tl.minimum(full_lo, N_Q)
+
+    for g in range(0, GROUP):
+        off_h = off_hkv * GROUP + g
+        rows = (off_b * H_KV * GROUP + off_h) * N_Q
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+        do_base = DO + off_b * stride_dob + off_h * stride_doh
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
+            stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, lo, masked_hi, N_Q, N_K, scale2,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True, PRECISION,
+        )
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
+            stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, full_lo, N_Q, N_Q, N_K, scale2,
+            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, False, PRECISION,
+        )
+
+    dk = dk * tl.full([], sm_scale, ACC_DTYPE)
+    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh, dk, offs_n, offs_d,
+                stride_dkn, stride_dkd, N_K, HEAD_DIM)
+    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh, dv, offs_n, offs_dv,
+                stride_dvn, stride_dvd, N_K, HEAD_DIM_V)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 5: backward dQ
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq, q, do, lse2, delta,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, lo, hi, n_q, n_k, qk_scale,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """Accumulate dQ (unscaled) of one query tile over key tiles [lo, hi); MASKED tiles hide
+    keys >= n_k and, when CAUSAL, keys right of the diagonal."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k,
+                       HEAD_DIM, BLOCK_D, MASKED)
+        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
+                       HEAD_DIM_V, BLOCK_DV, MASKED)
+        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+                    - lse2[:, None])
+        if MASKED:
+            visible = (offs_n < n_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, DQ, LSE2, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H_Q, GROUP, N_Q, N_K,
+    qk_scale: tl.float64, sm_scale: tl.float64,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dQ of one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_Q).to(tl.int64)
+    off_h = (off_bh % H_Q).to(tl.int64)
+    off_hkv = off_h // GROUP
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    rows = off_bh.to(tl.int64) * N_Q + offs_m
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+
+    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh, offs_m, offs_d,
+                   stride_qm, stride_qd, N_Q, HEAD_DIM, BLOCK_D, True)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_dv,
+                    stride_dom, stride_dod, N_Q, HEAD_DIM_V, BLOCK_DV, True)
+    lse2 = tl.load(LSE2 + rows, mask=offs_m < N_Q, other=0.0)
+    delta = tl.load(DELTA + rows, mask=offs_m < N_Q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+
+    k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, 0, full_hi, N_Q, N_K, scale2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
+    )
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, full_hi, hi, N_Q, N_K, scale2,
+        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
+    )
+    dq = dq * tl.full([], sm_scale, ACC_DTYPE)
+    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh, dq, offs_m, offs_d,
+                stride_dqm, stride_dqd, N_Q, HEAD_DIM)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 6: tile choice
+# ---------------------------------------------------------------------------------------------
+
+#: Tile sizes accepted as ``block_m`` / ``block_n``.
+TILE_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+#: Tiles used under the interpreter (small, so CPU runs stay fast) and when only one of
+#: ``block_m`` / ``block_n`` is given on a GPU.
+_DEFAULT_TILE: int = 32 if INTERPRET else 64
+#: Query rows per program of the backward preprocess (not autotuned: it is memory-bound).
+_PREPROCESS_BLOCK_M: int = 32 if INTERPRET else 64
+#: Shared-memory budget (bytes) an explicit tile pair must fit on a GPU; see _smem_bytes.
+_SMEM_BUDGET: int = 160 * 1024
+#: CUDA's limit on the second grid axis, which carries batch * heads.
+_MAX_GRID_Y: int = 65535
+
+
+def _pow2_dim(d: int) -> int:
+    """Head dim padded to a tile width: the next power of two, at least 16 (tl.dot's minimum)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def _smem_bytes(resident: int, streamed: int, width: int, itemsize: int, stages: int) -> int:
+    """Estimated shared memory of a kernel that keeps a ``resident`` tile of rows and streams
+    ``streamed`` rows (``stages`` buffers), each row ``width`` elements wide (D + Dv padded)."""
+    return (resident + stages * streamed) * width * itemsize
+
+
+def _explicit_tiles_fit(block_m: int, block_n: int, d: int, dv: int, dtype: torch.dtype) -> bool:
+    """Whether explicit tiles fit the GPU's shared-memory budget with one pipeline stage
+    (in every kernel: the query tile and the key tile are each resident in one of them)."""
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    width = _pow2_dim(d) + _pow2_dim(dv)
+    return _smem_bytes(block_m, block_n, width, itemsize, 1) <= _SMEM_BUDGET
+
+
+def _explicit_launch_options(block_m: int, block_n: int, d: int, dv: int,
+                             itemsize: int) -> dict[str, int]:
+    """num_warps / num_stages for explicit tiles: two stages when they fit, else one."""
+    width = _pow2_dim(d) + _pow2_dim(dv)
+    two_stages = max(_smem_bytes(block_m, block_n, width, itemsize, 2),
+                     _smem_bytes(block_n, block_m, width, itemsize, 2))
+    return {
+        "num_warps": 8 if block_m * block_n >= 128 * 64 else 4,
+        "num_stages": 2 if two_stages <= _SMEM_BUDGET else 1,
+    }
+
+
+def _configs(tiles: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bm, bn, w, s in tiles
+    ]
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for Hopper. 16-bit inputs use tensor cores and big
+# tiles; fp32 ("ieee") and fp64 dots run on FMA units, where small tiles are the right size.
+_FWD_CONFIGS = _configs([
+    (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4),
+    (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4),
+    (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1),
+])
+_DKDV_CONFIGS = _configs([
+    (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3),
+    (32, 128, 8, 3), (32, 32, 4, 2), (32, 32, 4, 1),
+])
+_DQ_CONFIGS = _configs([
+    (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 3),
+    (128, 32, 8, 3), (32, 32, 4, 2), (32, 32, 4, 1),
+])
+
+
+def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
+    """An ``early_config_prune`` for a kernel whose resident tile is ``resident`` ("BLOCK_M" or
+    "BLOCK_N"): keep configs that suit the dtype (big tiles for 16-bit, <= 64x32 for fp32,
+    32x32 for fp64) and whose pipelined tiles fit shared memory; never return an empty list."""
+
+    def prune(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
+        itemsize = named_args["Q"].element_size()
+        max_area = {2: 128 * 128, 4: 64 * 32, 8: 32 * 32}[itemsize]
+        min_area = {2: 64 * 32, 4: 32 * 32, 8: 32 * 32}[itemsize]
+        width = meta["BLOCK_D"] + meta["BLOCK_DV"]
+
+        def fits(c: triton.Config) -> bool:
+            bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+            res, streamed = (bm, bn) if resident == "BLOCK_M" else (bn, bm)
+            smem = _smem_bytes(res, streamed, width, itemsize, c.num_stages)
+            return min_area <= bm * bn <= max_area and smem <= 200 * 1024
+
+        smallest = min(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"],
+                                               c.num_stages))
+        return [c for c in configs if fits(c)] or [smallest]
+
+    return prune
+
+
+def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
+    return triton.autotune(
+        configs=configs,
+        key=["HEAD_DIM", "HEAD_DIM_V", "CAUSAL"],  # the dtype of every tensor is keyed too
+        prune_configs_by={"early_config_prune": _pruner(resident)},
+    )(kernel)
+
+
+_attn_fwd_tuned = _autotuned(_attn_fwd, _FWD_CONFIGS, "BLOCK_M")
+_attn_bwd_dkdv_tuned = _autotuned(_attn_bwd_dkdv, _DKDV_CONFIGS, "BLOCK_N")
+_attn_bwd_dq_tuned = _autotuned(_attn_bwd_dq, _DQ_CONFIGS, "BLOCK_M")
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 7: host side
+# ---------------------------------------------------------------------------------------------
+
+_BF16_INTERPRETER_REASON = (
+    "Triton interpreter computes tl.dot on bf16 bit patterns (triton issue 11584)"
+)
+_SMEM_REASON = (
+    f"explicit block_m/block_n whose tiles exceed the {_SMEM_BUDGET // 1024} KiB shared-memory "
+    "budget on a GPU (the estimate in kernels.triton_attention._smem_bytes)"
+)
+_ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+Tiles = tuple[int, int] | None  # (BLOCK_M, BLOCK_N), or None for the autotuner
+
+
+def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
+                  block_m: int | None, block_n: int | None) -> Tiles:
+    """Refuse what the kernels do not support, naming it; return the tiles to launch with."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.ndim != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in _ALL_DTYPES:
+        raise TypeError(f"dtype {q.dtype} is not supported (fp16, bf16, fp32, fp64)")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"device type {q.device.type} is not supported")
+    if q.device.type == "cpu" and not INTERPRET:
+        raise NotImplementedError(
+            "CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 before "
+            "kernels.triton_attention is imported"
+        )
+    if INTERPRET and q.dtype == torch.bfloat16:
+        raise NotImplementedError(f"bfloat16 under the interpreter: {_BF16_INTERPRETER_REASON}")
+
+    (b, hq, nq, d), (bk, hkv, nk, dk), (bv, hv, nv, dv) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise ValueError(f"batch sizes differ: q {b}, k {bk}, v {bv}")
+    if hkv != hv or nk != nv:
+        raise ValueError(f"k and v must have the same heads and length, got {k.shape}, {v.shape}")
+    if d != dk:
+        raise ValueError(f"q and k head dims differ: {d} vs {dk}")
+    if min(b, hq, hkv, nq, nk, d, dv) == 0:
+        raise ValueError(f"empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if hq % hkv != 0:
+        raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv} (GQA)")
+    if d > 256 or dv > 256:
+        raise NotImplementedError(f"head dims above 256 are not supported (D={d}, Dv={dv})")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if q.device.type == "cuda" and b * hq > _MAX_GRID_Y:
+        raise NotImplementedError(f"batch * heads = {b * hq} exceeds the grid limit {_MAX_GRID_Y}")
+
+    for name, tile in (("block_m", block_m), ("block_n", block_n)):
+        if tile is not None and tile not in TILE_SIZES:
+            raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
+    if block_m is None and block_n is None and not INTERPRET:
+        return None
+    tiles = (block_m or _DEFAULT_TILE, block_n or _DEFAULT_TILE)
+    if not INTERPRET and not _explicit_tiles_fit(*tiles, d, dv, q.dtype):
+        raise NotImplementedError(f"block_m={tiles[0]}, block_n={tiles[1]} with D={d}, Dv={dv}, "
+                                  f"{q.dtype}: {_SMEM_REASON}")
+    return tiles
+
+
+def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
+    """Compile-time parameters shared by the forward and backward kernels."""
+    d, dv = q.shape[-1], v.shape[-1]
+    return {
+        "HEAD_DIM": d, "HEAD_DIM_V": dv, "BLOCK_D": _pow2_dim(d), "BLOCK_DV": _pow2_dim(dv),
+        "CAUSAL": bool(causal),
+        "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
+        "PRECISION": "ieee",
+    }
+
+
+def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[int, int]],
+            args: tuple, meta: dict, tiles: Tiles) -> None:
+    """Launch ``kernel`` with explicit tiles, or its autotuned twin when ``tiles`` is None.
+    ``grid(BLOCK_M, BLOCK_N)`` gives the launch grid."""
+    if tiles is None:
+        tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
+        return
+    block_m, block_n = tiles
+    itemsize = args[0].element_size()
+    options = _explicit_launch_options(block_m, block_n, meta["HEAD_DIM"], meta["HEAD_DIM_V"],
+                                       itemsize)
+    kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+             tiles: Tiles) -> tuple[Tensor, Tensor]:
+    b, hq, nq, _ = q.shape
+    hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    o = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
+    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            hq, hq // hkv, nq, nk, scale * LOG2E)
+    _launch(_attn_fwd, _attn_fwd_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
+            args, _meta(q, v, causal), tiles)
+    return o, lse
+
+
+def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
+              lse: Tensor, causal: bool, scale: float,
+              tiles: Tiles) -> tuple[Tensor, Tensor, Tensor]:
+    b, hq, nq, _ = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    meta = _meta(q, v, causal)
+
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    _attn_bwd_preprocess[(triton.cdiv(nq, _PREPROCESS_BLOCK_M), b * hq)](
+        o, do, lse, dlse, delta, lse2, *o.stride(), *do.stride(), *dlse.stride(), hq, nq,
+        HEAD_DIM_V=meta["HEAD_DIM_V"], BLOCK_DV=meta["BLOCK_DV"], ACC_DTYPE=meta["ACC_DTYPE"],
+        BLOCK_M=_PREPROCESS_BLOCK_M,
+    )
+
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    _launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
+            (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
+             hkv, hq // hkv, nq, nk, scale * LOG2E, scale),
+            meta, tiles)
+    _launch(_attn_bwd_dq, _attn_bwd_dq_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
+            (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
+             hq, hq // hkv, nq, nk, scale * LOG2E, scale),
+            meta, tiles)
+    return dq, dk, dv
+
+
+class _FlashAttention(torch.autograd.Function):
+    """Autograd glue: (o, lse) forward, gradients for q, k, v (lse is differentiable too)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+                tiles: Tiles) -> tuple[Tensor, Tensor]:
+        o, lse = _forward(q, k, v, causal, scale, tiles)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale, ctx.tiles = causal, scale, tiles
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do: Tensor, dlse: Tensor):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.tiles)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+              scale: float | None = None, block_m: int | None = None,
+              block_n: int | None = None) -> tuple[Tensor, Tensor]:
+    """Fused FlashAttention-2: returns (o, lse).
+
+    q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), any strides, Hq % Hkv == 0.
+    ``causal`` is bottom-right aligned; ``scale`` defaults to 1/sqrt(D). ``block_m`` /
+    ``block_n`` pick the query / key tile sizes (one of 16, 32, 64, 128); left out, a GPU
+    autotunes them and the interpreter uses 32 x 32. o has q's dtype and shape (..., Dv); lse is
+    (B, Hq, Nq) in fp32 (fp64 for fp64 inputs), natural log, -inf on rows that see no key.
+    Differentiable in q, k, v (deterministic backward, no atomics).
+    """
+    tiles = _check_inputs(q, k, v, scale, block_m, block_n)
+    sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    with device:
+        return _FlashAttention.apply(q, k, v, bool(causal), sm_scale, tiles)
+
+
+def _capabilities() -> Capabilities:
+    """What ``attention`` declares, chosen at import: under the interpreter CPU tensors in fp16,
+    fp32, fp64; compiled, CUDA tensors in all four dtypes; neither (no GPU, no interpreter):
+    no device at all."""
+    bf16_on_cpu = Limit(
+        reason=_BF16_INTERPRETER_REASON,
+        applies=lambda p: p.device == "cpu" and p.dtype == torch.bfloat16,
+    )
+    if INTERPRET:
+        dtypes = frozenset({torch.float16, torch.float32, torch.float64})
+        return Capabilities(dtypes=dtypes, devices=frozenset({"cpu"}), block_m=TILE_SIZES,
+                            block_n=TILE_SIZES, fp32_matmul="ieee", limits=(bf16_on_cpu,))
+    tiles_too_big = Limit(
+        reason=_SMEM_REASON,
+        applies=lambda p: (p.block_m is not None or p.block_n is not None) and not
+        _explicit_tiles_fit(p.block_m or _DEFAULT_TILE, p.block_n or _DEFAULT_TILE,
+                            p.d, p.dv, p.dtype),
+    )
+    devices = frozenset({"cuda"}) if torch.cuda.is_available() else frozenset()
+    return Capabilities(dtypes=frozenset(_ALL_DTYPES), devices=devices, block_m=TILE_SIZES,
+                        block_n=TILE_SIZES, fp32_matmul="ieee",
+                        limits=(bf16_on_cpu, tiles_too_big))
+
+
+attention.capabilities = _capabilities()
