@@ -1,0 +1,147 @@
+"""TFLOP/s and peak memory of every registered kernel on the benchmark grid.
+
+Each case times one kernel on one :class:`~benchmarks.grid.Config` (forward, or forward and
+backward through autograd). On CUDA the rounds are CUDA-event timed with an L2 flush before
+each (see :mod:`benchmarks.timing`); ``extra_info`` carries the TFLOP/s, the peak extra memory
+and ``ratios``: the kernel's speed over each anchor's (``anchor seconds / kernel seconds``)
+measured in the same run, which is what ``ci/bench_gate.py`` compares with the baseline.
+
+Unavailable kernels and undeclared problems are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from benchmarks.conftest import (
+    BenchState,
+    anchor_names,
+    bench_device,
+    bench_subset,
+    grid_spec,
+    kernel_names,
+)
+from benchmarks.grid import Config, configs, size_limit_reason
+from benchmarks.memory import peak_extra_bytes
+from benchmarks.timing import cuda_event_timer, median_seconds, rounds_for, warm_up
+from kernels.registry import Kernel
+
+#: Errors with which a kernel refuses a problem it does not support.
+_REFUSALS = (ValueError, TypeError, NotImplementedError)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    device = bench_device(config)
+    anchors = anchor_names(config, device)
+    names = anchors + tuple(k for k in kernel_names(config) if k not in anchors)
+    params = []
+    for cfg in configs(grid_spec(config, device), device, bench_subset(config)):
+        timer = {"timer": cuda_event_timer} if device == "cuda" else {}
+        mark = pytest.mark.benchmark(group=cfg.label, **timer)
+        for name in names:
+            label = f"{name}:{cfg.label.replace(' ', '-')}"
+            params.append(pytest.param((name, cfg), marks=mark, id=label))
+    metafunc.parametrize("case", params)
+
+
+def make_call(kern: Kernel, cfg: Config) -> Callable[[], object]:
+    """The timed callable: forward under no_grad, or forward and ``autograd.grad``."""
+    q, k, v, do = cfg.inputs()
+    if cfg.mode == "fwd":
+
+        def forward() -> torch.Tensor:
+            with torch.no_grad():
+                return kern(q, k, v, causal=cfg.causal)[0]
+
+        return forward
+    q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+
+    def forward_backward() -> tuple[torch.Tensor, ...]:
+        o = kern(q, k, v, causal=cfg.causal)[0]
+        return torch.autograd.grad(o, (q, k, v), do)
+
+    return forward_backward
+
+
+def skip_reason(kern: Kernel | str, name: str, cfg: Config) -> str | None:
+    """Why ``name`` is not timed at ``cfg``, or ``None``."""
+    if isinstance(kern, str):
+        return f"unavailable: {kern}"
+    caps = kern.capabilities
+    reason = caps.unsupported_reason(cfg.problem())
+    if reason is None and cfg.mode == "fwd+bwd" and not caps.backward:
+        reason = "backward not declared"
+    if reason is not None:
+        return f"{name} does not declare {cfg.label}: {reason}"
+    return size_limit_reason(name, cfg)
+
+
+def anchor_seconds(state: BenchState, anchor: str, cfg: Config) -> float | None:
+    """The anchor's median seconds at ``cfg`` in this run (measured now if not yet)."""
+    key = (anchor, cfg)
+    if key not in state.anchor_seconds:
+        kern = state.load(anchor)
+        reason = skip_reason(kern, anchor, cfg)
+        if reason is None:
+            try:
+                state.anchor_seconds[key] = median_seconds(
+                    make_call(kern, cfg), state.device, state.flush
+                )
+            except (*_REFUSALS, torch.cuda.OutOfMemoryError) as err:
+                reason = f"{type(err).__name__}: {err}"
+        if reason is not None:
+            state.anchor_seconds[key] = reason
+    value = state.anchor_seconds[key]
+    return value if isinstance(value, float) else None
+
+
+def test_attention_speed(
+    case: tuple[str, Config], benchmark, bench_state: BenchState, request: pytest.FixtureRequest
+) -> None:
+    """Time one kernel at one configuration; record TFLOP/s, peak memory and anchor ratios."""
+    name, cfg = case
+    kern = bench_state.load(name)
+    reason = skip_reason(kern, name, cfg)
+    if reason is not None:
+        pytest.skip(reason)
+    device, flush = bench_state.device, bench_state.flush
+    try:
+        call = make_call(kern, cfg)
+        peak = peak_extra_bytes(call, device)
+        per_call = warm_up(call, device, flush)
+    except _REFUSALS as err:
+        pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
+    except torch.cuda.OutOfMemoryError as err:
+        torch.cuda.empty_cache()
+        pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
+    benchmark.pedantic(call, setup=flush, rounds=rounds_for(per_call), iterations=1)
+    seconds = benchmark.stats.stats.median
+    bench_state.anchor_seconds.setdefault((name, cfg), seconds)
+    ratios = {}
+    for anchor in anchor_names(request.config, device):
+        if anchor != name and (anchor_s := anchor_seconds(bench_state, anchor, cfg)) is not None:
+            ratios[anchor] = anchor_s / seconds
+    benchmark.extra_info.update(
+        kernel=name,
+        config=cfg.label,
+        mode=cfg.mode,
+        n=cfg.n,
+        d=cfg.d,
+        causal=cfg.causal,
+        dtype=cfg.dtype,
+        b=cfg.b,
+        h=cfg.h,
+        device=device,
+        flops=cfg.flops,
+        median_s=seconds,
+        tflops=cfg.flops / seconds / 1e12,
+        peak_mem_bytes=peak,
+        ratios=ratios,
+    )
+

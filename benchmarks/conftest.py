@@ -1,0 +1,125 @@
+"""Options and shared state of the benchmark suites.
+
+Options (each also read from an environment variable, the option wins):
+    --bench-kernels   FLASHPROP_BENCH_KERNELS   kernels to time (default: every registered one)
+    --bench-anchors   FLASHPROP_BENCH_ANCHORS   anchors each kernel is compared with
+                                                (default: sdpa-flash,sdpa-cudnn on CUDA,
+                                                sdpa-math on CPU)
+    --bench-seqlens   FLASHPROP_BENCH_SEQLENS   N values, e.g. 1k,2k,4k
+    --bench-head-dims FLASHPROP_BENCH_HEAD_DIMS e.g. 64,128
+    --bench-dtypes    FLASHPROP_BENCH_DTYPES    e.g. bfloat16,float16
+    --bench-modes     FLASHPROP_BENCH_MODES     fwd and/or fwd+bwd
+    --bench-subset    FLASHPROP_BENCH_SUBSET    a named subset of benchmarks.grid.SUBSETS
+    --bench-report    FLASHPROP_BENCH_REPORT    folder for the plot and markdown table, written
+                                                together with --benchmark-json
+The device comes from the root conftest's ``--device`` (default: cuda when available).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from benchmarks.grid import CPU_GRID, GPU_GRID, SUBSETS, Config, GridSpec, parse_ints, parse_names
+from benchmarks.timing import L2Flush
+from kernels.registry import BUILTIN, Kernel, KernelUnavailable, load_kernel
+
+_OPTIONS = {
+    "--bench-kernels": "FLASHPROP_BENCH_KERNELS",
+    "--bench-anchors": "FLASHPROP_BENCH_ANCHORS",
+    "--bench-seqlens": "FLASHPROP_BENCH_SEQLENS",
+    "--bench-head-dims": "FLASHPROP_BENCH_HEAD_DIMS",
+    "--bench-dtypes": "FLASHPROP_BENCH_DTYPES",
+    "--bench-modes": "FLASHPROP_BENCH_MODES",
+    "--bench-subset": "FLASHPROP_BENCH_SUBSET",
+    "--bench-report": "FLASHPROP_BENCH_REPORT",
+}
+DEFAULT_ANCHORS = {"cuda": ("sdpa-flash", "sdpa-cudnn"), "cpu": ("sdpa-math",)}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("flashprop benchmarks")
+    for option, env in _OPTIONS.items():
+        group.addoption(option, default=None, help=f"(env {env}) see benchmarks/conftest.py")
+
+
+def bench_option(config: pytest.Config, option: str) -> str | None:
+    """An option's value, else its environment variable's, else ``None``."""
+    return config.getoption(option) or os.environ.get(_OPTIONS[option]) or None
+
+
+def bench_device(config: pytest.Config) -> str:
+    """``--device`` from the root conftest, else cuda when torch sees one."""
+    device = config.getoption("--device", default=None)
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def grid_spec(config: pytest.Config, device: str) -> GridSpec:
+    """The grid for ``device`` narrowed by the command-line options."""
+    base = GPU_GRID if device == "cuda" else CPU_GRID
+    return GridSpec(
+        seqlens=parse_ints(bench_option(config, "--bench-seqlens"), base.seqlens),
+        head_dims=parse_ints(bench_option(config, "--bench-head-dims"), base.head_dims),
+        dtypes=parse_names(bench_option(config, "--bench-dtypes"), base.dtypes),
+        modes=parse_names(bench_option(config, "--bench-modes"), base.modes),
+        tokens=base.tokens,
+        hidden=base.hidden,
+    )
+
+
+def bench_subset(config: pytest.Config) -> str | None:
+    subset = bench_option(config, "--bench-subset")
+    if subset is not None and subset not in SUBSETS:
+        raise pytest.UsageError(f"--bench-subset {subset!r}: known subsets {sorted(SUBSETS)}")
+    return subset
+
+
+@dataclass
+class BenchState:
+    """Per-session state: loaded kernels (or why not), anchor times, the L2 flush buffer."""
+
+    device: str
+    flush: L2Flush
+    loaded: dict[str, Kernel | str] = field(default_factory=dict)
+    anchor_seconds: dict[tuple[str, Config], float | str] = field(default_factory=dict)
+
+    def load(self, name: str) -> Kernel | str:
+        """The kernel, or the reason it cannot run here (cached)."""
+        if name not in self.loaded:
+            try:
+                self.loaded[name] = load_kernel(name)
+            except KernelUnavailable as err:
+                self.loaded[name] = str(err)
+            except ImportError as err:
+                self.loaded[name] = f"kernel {name}: not importable ({err})"
+        return self.loaded[name]
+
+
+@pytest.fixture(scope="session")
+def bench_state(request: pytest.FixtureRequest) -> BenchState:
+    device = bench_device(request.config)
+    return BenchState(device=device, flush=L2Flush(device))
+
+
+def kernel_names(config: pytest.Config) -> tuple[str, ...]:
+    return parse_names(bench_option(config, "--bench-kernels"), BUILTIN)
+
+
+def anchor_names(config: pytest.Config, device: str) -> tuple[str, ...]:
+    return parse_names(bench_option(config, "--bench-anchors"), DEFAULT_ANCHORS[device])
+
+
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
+    """With ``--bench-report DIR``, write the markdown table and the plot next to the JSON."""
+    folder = bench_option(config, "--bench-report")
+    if folder:
+        from benchmarks.report import write_report
+
+        write_report(output_json, Path(folder))

@@ -1,0 +1,161 @@
+"""The benchmark grid: which problems each kernel is timed on, and how many FLOPs they cost.
+
+GPU grid (the FlashAttention papers' setting): B*N = 16384 tokens, H*D = 2048, so H = 32 for
+D = 64 and H = 16 for D = 128, B = 16384 // N, N in 512 .. 16k, fp16 and bf16, causal or not,
+forward and forward+backward. The CPU grid keeps the shape rules but scales the token and
+hidden sizes down so that the pure-PyTorch and interpreted kernels finish in seconds.
+
+FLOPs: forward 4*B*H*N*N*D (halved when causal); backward 2.5x forward; forward+backward 3.5x.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from properties.problem import DTYPE_NAMES, Problem
+
+MODES = ("fwd", "fwd+bwd")
+MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}
+DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """The axes of a grid and the token / hidden budget that fixes B and H."""
+
+    seqlens: tuple[int, ...]
+    head_dims: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    causal: tuple[bool, ...] = (False, True)
+    modes: tuple[str, ...] = MODES
+    tokens: int = 16384
+    hidden: int = 2048
+
+
+GPU_GRID = GridSpec(
+    seqlens=(512, 1024, 2048, 4096, 8192, 16384),
+    head_dims=(64, 128),
+    dtypes=("bfloat16", "float16"),
+)
+CPU_GRID = GridSpec(
+    seqlens=(128, 256, 512),
+    head_dims=(64, 128),
+    dtypes=("float32",),
+    tokens=512,
+    hidden=256,
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmarked problem shape (kernel-independent)."""
+
+    n: int
+    d: int
+    causal: bool
+    dtype: str
+    mode: str
+    tokens: int
+    hidden: int
+    device: str
+
+    @property
+    def b(self) -> int:
+        return max(1, self.tokens // self.n)
+
+    @property
+    def h(self) -> int:
+        return max(1, self.hidden // self.d)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    @property
+    def flops(self) -> float:
+        """FLOPs of the mode: 4*B*H*N*N*D forward, halved when causal, times the mode factor."""
+        fwd = 4.0 * self.b * self.h * self.n * self.n * self.d
+        if self.causal:
+            fwd /= 2
+        return fwd * MODE_FLOP_FACTOR[self.mode]
+
+    @property
+    def label(self) -> str:
+        """Stable human-readable key, e.g. ``fwd d64 causal N4096 bf16``."""
+        mask = "causal" if self.causal else "full"
+        return f"{self.mode} d{self.d} {mask} N{self.n} {SHORT_DTYPE[self.dtype]}"
+
+    def problem(self) -> Problem:
+        """The :class:`Problem` a kernel's capabilities are asked about."""
+        return Problem(
+            b=self.b, hq=self.h, hkv=self.h, nq=self.n, nk=self.n, d=self.d, dv=self.d,
+            dtype=self.torch_dtype, causal=self.causal, device=self.device,
+        )
+
+    def inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        """Contiguous ``q, k, v, do`` drawn directly on the device (fast at 16k tokens)."""
+        g = torch.Generator(device=self.device).manual_seed(seed)
+        shape = (self.b, self.h, self.n, self.d)
+        return tuple(
+            torch.randn(shape, generator=g, device=self.device, dtype=self.torch_dtype)
+            for _ in range(4)
+        )
+
+
+#: Named subsets: sequence lengths per dtype (``ci/gpu-check`` uses ``gpu-check`` to stay
+#: inside its time budget: the full bf16 grid from 1k, fp16 at two lengths).
+SUBSETS: dict[str, dict[str, tuple[int, ...]]] = {
+    "gpu-check": {"bfloat16": (1024, 2048, 4096, 8192, 16384), "float16": (2048, 8192)},
+}
+
+#: Kernels that loop in Python over tiles or interpret every program: timed only up to a
+#: sequence length per device, with the reason given when skipped.
+SIZE_LIMITS: dict[tuple[str, str], tuple[int, str]] = {
+    ("ref-blocked", "cuda"): (1024, "pure-PyTorch reference kernel (a Python loop per tile)"),
+    ("ref-blocked", "cpu"): (512, "pure-PyTorch reference kernel (a Python loop per tile)"),
+    ("triton", "cpu"): (256, "Triton interpreter (numpy per program)"),
+}
+
+
+def configs(spec: GridSpec, device: str, subset: str | None = None) -> list[Config]:
+    """Every configuration of ``spec`` (restricted to a named subset), in a stable order."""
+    allowed = SUBSETS[subset] if subset else None
+    return [
+        Config(n, d, causal, dtype, mode, spec.tokens, spec.hidden, device)
+        for dtype in spec.dtypes
+        for d in spec.head_dims
+        for causal in spec.causal
+        for mode in spec.modes
+        for n in spec.seqlens
+        if allowed is None or n in allowed.get(dtype, ())
+    ]
+
+
+def size_limit_reason(kernel: str, config: Config) -> str | None:
+    """Why ``kernel`` is not timed at ``config``'s length on its device, or ``None``."""
+    limit = SIZE_LIMITS.get((kernel, config.device))
+    if limit is None or config.n <= limit[0]:
+        return None
+    return f"{kernel} on {config.device}: {limit[1]}; timed up to N={limit[0]} only"
+
+
+def parse_ints(text: str | None, default: Sequence[int]) -> tuple[int, ...]:
+    """``"1k,2k,4096"`` -> ``(1024, 2048, 4096)``; ``None`` or empty gives ``default``."""
+    if not text:
+        return tuple(default)
+    out = []
+    for item in text.replace(" ", ",").split(","):
+        if item:
+            out.append(int(item[:-1]) * 1024 if item.lower().endswith("k") else int(item))
+    return tuple(out)
+
+
+def parse_names(text: str | None, default: Iterable[str]) -> tuple[str, ...]:
+    """Comma/space separated names; ``None`` or empty gives ``default``."""
+    if not text:
+        return tuple(default)
+    return tuple(item for item in text.replace(",", " ").split() if item)
