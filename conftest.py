@@ -19,16 +19,41 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
-_SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much,
-            HealthCheck.function_scoped_fixture]
-settings.register_profile("ci", max_examples=12, derandomize=True, deadline=None, database=None,
-                          suppress_health_check=_SLOW_OK, print_blob=True)
-settings.register_profile("dev", max_examples=30, deadline=None, suppress_health_check=_SLOW_OK,
-                          print_blob=True)
-settings.register_profile("fuzz", max_examples=500, deadline=None, suppress_health_check=_SLOW_OK,
-                          print_blob=True, phases=list(Phase))
-settings.register_profile("gpu", max_examples=100, deadline=None, derandomize=True, database=None,
-                          suppress_health_check=_SLOW_OK, print_blob=True)
+_SLOW_OK = [
+    HealthCheck.too_slow,
+    HealthCheck.data_too_large,
+    HealthCheck.filter_too_much,
+    HealthCheck.function_scoped_fixture,
+]
+settings.register_profile(
+    "ci",
+    max_examples=12,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=_SLOW_OK,
+    print_blob=True,
+)
+settings.register_profile(
+    "dev", max_examples=30, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
+)
+settings.register_profile(
+    "fuzz",
+    max_examples=500,
+    deadline=None,
+    suppress_health_check=_SLOW_OK,
+    print_blob=True,
+    phases=list(Phase),
+)
+settings.register_profile(
+    "gpu",
+    max_examples=100,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=_SLOW_OK,
+    print_blob=True,
+)
 settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
 
 
@@ -91,8 +116,9 @@ def kernel(request: pytest.FixtureRequest, device: str):
     if isinstance(loaded, str):
         pytest.skip(f"unavailable: {loaded}")
     if device not in loaded.capabilities.devices:
-        pytest.skip(f"kernel {spec} does not declare device {device} "
-                    f"(declares {sorted(loaded.capabilities.devices)})")
+        pytest.skip(
+            f"kernel {spec} does not declare device {device} (declares {sorted(loaded.capabilities.devices)})"
+        )
     return loaded
 
 
@@ -103,8 +129,7 @@ def sizes(request: pytest.FixtureRequest, device: str):
 
     max_n = request.config.getoption("--max-n")
     if device == "cuda":
-        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4,
-                     max_work=20_000_000)
+        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4, max_work=20_000_000)
     return Sizes(max_n=max_n or 48, max_work=400_000)
 
 

@@ -23,9 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 CausalAlignment = Literal["bottom-right", "top-left"]
 
-ALL_DTYPES: frozenset[torch.dtype] = frozenset(
-    {torch.float16, torch.bfloat16, torch.float32, torch.float64}
-)
+ALL_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 #: Head dims a full-support kernel claims.
 ALL_HEAD_DIMS: range = range(1, 257)
 

@@ -27,8 +27,12 @@ def unavailable_reason() -> str | None:
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
     """flash-attn ``(o, lse)`` on (B, H, N, D) views."""
     o, lse, _ = flash_attn_func(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        softmax_scale=scale, causal=causal, return_attn_probs=True,
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        softmax_scale=scale,
+        causal=causal,
+        return_attn_probs=True,
     )
     return o.transpose(1, 2), lse
 

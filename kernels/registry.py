@@ -3,8 +3,8 @@
 A kernel is named by a registered name (``triton``, ``cuda``, ``ref-blocked``, ``sdpa-math``,
 ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``, ``flex``, ``flash-attn``), by
 ``module:attr`` or by ``path/to/file.py:attr``. A kernel callable or its module may define
-``unavailable_reason()`` returning why the kernel cannot run here (``None`` when it can); the loader then raises
-:class:`KernelUnavailable` with that reason and the suite skips the kernel saying so.
+``unavailable_reason()`` returning why the kernel cannot run here (``None`` when it can); the
+loader then raises :class:`KernelUnavailable` and the suite skips the kernel with that reason.
 """
 
 from __future__ import annotations

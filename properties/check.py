@@ -39,11 +39,19 @@ class KernelRefused(Exception):
 #: Kernels that broke the CUDA context: name -> the failure that did it.
 BROKEN: dict[str, str] = {}
 
-_CUDA_FATAL = ("illegal memory access", "unspecified launch failure", "device-side assert",
-               "misaligned address", "illegal instruction", "CUDA error: an illegal")
+_CUDA_FATAL = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "device-side assert",
+    "misaligned address",
+    "illegal instruction",
+    "CUDA error: an illegal",
+)
 
 
-def failure(kernel: Kernel, problem: Problem, prop: str, details: list[str], *, backward: bool = False) -> str:
+def failure(
+    kernel: Kernel, problem: Problem, prop: str, details: list[str], *, backward: bool = False
+) -> str:
     lines = [
         f"property {prop!r} failed for kernel {kernel.name!r}",
         f"problem: {problem.describe()}",
@@ -85,8 +93,9 @@ def run_kernel(
     q, k, v = inputs if inputs is not None else problem.inputs(requires_grad=backward)
     scale = problem.scale if scale is None else scale
     try:
-        o, lse = kernel(q, k, v, causal=problem.causal, scale=scale,
-                        block_m=problem.block_m, block_n=problem.block_n)
+        o, lse = kernel(
+            q, k, v, causal=problem.causal, scale=scale, block_m=problem.block_m, block_n=problem.block_n
+        )
         grads = (None, None, None)
         if backward:
             do = problem.grad_output() if grad_output is None else grad_output
@@ -97,14 +106,18 @@ def run_kernel(
         text = f"{type(err).__name__}: {err}"
         if not declared:
             raise KernelRefused(text) from err
-        raise PropertyFailure(failure(kernel, problem, prop, [f"the kernel refused a declared problem: {text}"],
-                                      backward=backward)) from err
-    except Exception as err:  # noqa: BLE001 - any other exception is the finding
+        raise PropertyFailure(
+            failure(
+                kernel, problem, prop, [f"the kernel refused a declared problem: {text}"], backward=backward
+            )
+        ) from err
+    except Exception as err:
         text = f"{type(err).__name__}: {err}"
         if any(s in str(err) for s in _CUDA_FATAL):
             BROKEN[kernel.name] = f"{prop}: {text}\n{problem.describe()}"
-        raise PropertyFailure(failure(kernel, problem, prop, [f"the kernel raised {text}"],
-                                      backward=backward)) from err
+        raise PropertyFailure(
+            failure(kernel, problem, prop, [f"the kernel raised {text}"], backward=backward)
+        ) from err
     if kernel.capabilities.returns_lse and lse is None:
         raise PropertyFailure(failure(kernel, problem, prop, ["declares returns_lse but returned only o"]))
     return Outputs(o, lse, *grads)
@@ -119,9 +132,12 @@ def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> 
     golden = Outputs(o, lse)
     if backward:
         golden.dq, golden.dk, golden.dv, *abs_bounds = attention_golden_backward(
-            q, k, v, problem.grad_output(), bounds=True, **kw)
-        golden.bounds = {n: float(t.max()) if t.numel() else 0.0
-                         for n, t in zip(("dq", "dk", "dv"), abs_bounds, strict=True)}
+            q, k, v, problem.grad_output(), bounds=True, **kw
+        )
+        golden.bounds = {
+            n: float(t.max()) if t.numel() else 0.0
+            for n, t in zip(("dq", "dk", "dv"), abs_bounds, strict=True)
+        }
     qy, ky, vy = (t.detach().requires_grad_(backward) for t in (q, k, v))
     tf32_ctx = _tf32() if tf32 and q.is_cuda else contextlib.nullcontext()
     with tf32_ctx, torch.set_grad_enabled(backward):
@@ -158,26 +174,53 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
             continue
         actual = getattr(out, name)
         if actual is None:
-            results.append(Comparison(name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0,
-                                      "no gradient returned"))
+            results.append(
+                Comparison(
+                    name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0, "no gradient returned"
+                )
+            )
             continue
         if name == "o" and actual.dtype != problem.dtype:
-            results.append(Comparison(name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0,
-                                      f"output dtype {actual.dtype} != input dtype {problem.dtype}"))
+            results.append(
+                Comparison(
+                    name,
+                    False,
+                    float("inf"),
+                    None,
+                    None,
+                    None,
+                    0.0,
+                    0.0,
+                    0.0,
+                    0.0,
+                    f"output dtype {actual.dtype} != input dtype {problem.dtype}",
+                )
+            )
             continue
         magnitude = golden.bounds.get(name) if golden.bounds else None
-        results.append(compare(name, actual, getattr(golden, name), getattr(yard, name), problem.dtype,
-                               magnitude, logit_size))
+        results.append(
+            compare(
+                name, actual, getattr(golden, name), getattr(yard, name), problem.dtype, magnitude, logit_size
+            )
+        )
     return results
 
 
-def assert_close_to_golden(kernel: Kernel, problem: Problem, prop: str, out: Outputs,
-                           names: tuple[str, ...]) -> None:
+def assert_close_to_golden(
+    kernel: Kernel, problem: Problem, prop: str, out: Outputs, names: tuple[str, ...]
+) -> None:
     results = judge(kernel, problem, out, names)
     bad = [r for r in results if not r.ok]
     if bad:
-        raise PropertyFailure(failure(kernel, problem, prop, [r.describe() for r in results],
-                                      backward=any(n.startswith("d") for n in names)))
+        raise PropertyFailure(
+            failure(
+                kernel,
+                problem,
+                prop,
+                [r.describe() for r in results],
+                backward=any(n.startswith("d") for n in names),
+            )
+        )
 
 
 def run_property(
@@ -195,8 +238,10 @@ def run_property(
     scales the profile's ``max_examples`` for expensive properties.
     """
     if kernel.name in BROKEN:
-        pytest.skip(f"kernel {kernel.name} broke the CUDA context earlier (reported there): "
-                    f"{BROKEN[kernel.name].splitlines()[0]}")
+        pytest.skip(
+            f"kernel {kernel.name} broke the CUDA context earlier (reported there): "
+            f"{BROKEN[kernel.name].splitlines()[0]}"
+        )
     base = settings.default
     n = max(1, round(base.max_examples * weight))
 

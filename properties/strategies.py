@@ -94,13 +94,29 @@ def problems(
     block_m = draw(st.sampled_from(caps.block_m)) if caps.block_m else None
     block_n = draw(st.sampled_from(caps.block_n)) if caps.block_n else None
     p = Problem(
-        b=b, hq=hkv * group, hkv=hkv, nq=nq, nk=nk, d=d, dv=dv, dtype=dtype, causal=is_causal,
-        scale=scale, layout=layout, dist=draw(st.sampled_from(dists)),
-        seed=draw(st.integers(0, 2**31 - 1)), block_m=block_m, block_n=block_n, device=device,
+        b=b,
+        hq=hkv * group,
+        hkv=hkv,
+        nq=nq,
+        nk=nk,
+        d=d,
+        dv=dv,
+        dtype=dtype,
+        causal=is_causal,
+        scale=scale,
+        layout=layout,
+        dist=draw(st.sampled_from(dists)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+        block_m=block_m,
+        block_n=block_n,
+        device=device,
     )
     if b * p.hq * nq * nk * max(d, dv) > sizes.max_work:
-        p = p.replace(b=1, hq=hkv, hkv=hkv) if hkv * nq * nk * max(d, dv) <= sizes.max_work else p.replace(
-            b=1, hq=1, hkv=1)
+        p = (
+            p.replace(b=1, hq=hkv, hkv=hkv)
+            if hkv * nq * nk * max(d, dv) <= sizes.max_work
+            else p.replace(b=1, hq=1, hkv=1)
+        )
     reason = caps.unsupported_reason(p)
     if reason is not None:  # only a declared known limit can land here
         reject()
@@ -136,16 +152,22 @@ def undeclared_axes(caps: Capabilities) -> list[str]:
 
 
 @st.composite
-def undeclared_problems(draw, caps: Capabilities, *, device: str = "cpu", sizes: Sizes = DEFAULT_SIZES) -> Problem:
+def undeclared_problems(
+    draw, caps: Capabilities, *, device: str = "cpu", sizes: Sizes = DEFAULT_SIZES
+) -> Problem:
     """A declared problem pushed outside the declaration along one undeclared axis."""
     axis = draw(st.sampled_from(undeclared_axes(caps)))
-    base: Problem = draw(problems(caps, device=device, sizes=Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)))
+    base: Problem = draw(
+        problems(caps, device=device, sizes=Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64))
+    )
     if axis == "dtype":
         p = base.replace(dtype=draw(st.sampled_from([d for d in _DTYPE_ORDER if d not in caps.dtypes])))
     elif axis == "head_dim":
         outside = [d for d in (*range(1, 257), *OVERSIZED_HEAD_DIMS) if d not in caps.head_dims]
         d = draw(st.sampled_from(outside))
-        p = base.replace(d=d, dv=d if caps.dv_equals_d else base.dv, nq=min(base.nq, 8), nk=min(base.nk, 8), b=1)
+        p = base.replace(
+            d=d, dv=d if caps.dv_equals_d else base.dv, nq=min(base.nq, 8), nk=min(base.nk, 8), b=1
+        )
     elif axis == "causal":
         p = base.replace(causal=True)
     elif axis == "unequal":

@@ -19,5 +19,10 @@ def test_undeclared_problem_raises_clear_error_or_is_correct(kernel, device, siz
         assert_close_to_golden(kernel, problem, "error-contract", out, ("o", "lse"))
         return None
 
-    run_property(kernel, "error-contract", undeclared_problems(kernel.capabilities, device=device, sizes=sizes),
-                 check, weight=0.5)
+    run_property(
+        kernel,
+        "error-contract",
+        undeclared_problems(kernel.capabilities, device=device, sizes=sizes),
+        check,
+        weight=0.5,
+    )

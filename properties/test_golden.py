@@ -27,5 +27,6 @@ def test_backward_matches_golden(kernel, device, sizes):
         out = run_kernel(kernel, problem, "backward", backward=True)
         assert_close_to_golden(kernel, problem, "backward", out, ("o", "dq", "dk", "dv"))
 
-    run_property(kernel, "backward", problems(kernel.capabilities, device=device, sizes=sizes), check,
-                 weight=0.75)
+    run_property(
+        kernel, "backward", problems(kernel.capabilities, device=device, sizes=sizes), check, weight=0.75
+    )

@@ -101,11 +101,14 @@ def _finite_max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, tuple
     return float(diff.reshape(-1)[flat]), where
 
 
-def budget(name: str, dtype: torch.dtype, yardstick_error: float, magnitude: float,
-           logit_size: float = 0.0) -> tuple[float, float]:
+def budget(
+    name: str, dtype: torch.dtype, yardstick_error: float, magnitude: float, logit_size: float = 0.0
+) -> tuple[float, float]:
     """``(budget, floor)`` for tensor ``name`` of a ``dtype`` problem."""
     acc_eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
-    floor = (FLOOR_ULPS[dtype] * torch.finfo(dtype).eps + LOGIT_ULPS * acc_eps * logit_size) * max(1.0, magnitude)
+    floor = (FLOOR_ULPS[dtype] * torch.finfo(dtype).eps + LOGIT_ULPS * acc_eps * logit_size) * max(
+        1.0, magnitude
+    )
     return RATIO[name][dtype] * yardstick_error + floor, floor
 
 
@@ -126,8 +129,19 @@ def compare(
     g = golden.detach().to(device=a.device, dtype=torch.float64)
     y = yardstick.detach().to(device=a.device, dtype=torch.float64)
     if a.shape != g.shape:
-        return Comparison(name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, RATIO[name][dtype],
-                          f"shape {tuple(a.shape)} != expected {tuple(g.shape)}")
+        return Comparison(
+            name,
+            False,
+            float("inf"),
+            None,
+            None,
+            None,
+            0.0,
+            0.0,
+            0.0,
+            RATIO[name][dtype],
+            f"shape {tuple(a.shape)} != expected {tuple(g.shape)}",
+        )
     if magnitude is None:
         finite_g = g[torch.isfinite(g)]
         magnitude = float(finite_g.abs().max()) if finite_g.numel() else 0.0

@@ -91,7 +91,7 @@ def _forward(q, k, v, causal, scale, block_m, block_n):
 
 
 def _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n):
-    b, hq, nq, _ = q.shape
+    _, hq, nq, _ = q.shape
     group = hq // k.shape[1]
     nk = k.shape[2]
     acc_t = _acc_dtype(q.dtype)

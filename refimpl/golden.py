@@ -74,7 +74,9 @@ def attention_golden(
     for start in range(0, nk, chunk):
         stop = min(start + chunk, nk)
         s = scale * (q64 @ k64[:, :, start:stop].transpose(-1, -2))
-        mask = visible_mask(nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device)
+        mask = visible_mask(
+            nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device
+        )
         if mask is not None:
             s = s.masked_fill(~mask, NEG_INF)
         state = state.merge(SoftmaxState.from_scores(s, v64[:, :, start:stop]))
@@ -114,7 +116,9 @@ def attention_golden_backward(
         stop = min(start + chunk, nk)
         kc, vc = k64[:, :, start:stop], v64[:, :, start:stop]
         s = scale * (q64 @ kc.transpose(-1, -2))
-        mask = visible_mask(nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device)
+        mask = visible_mask(
+            nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device
+        )
         if mask is not None:
             s = s.masked_fill(~mask, NEG_INF)
         p = torch.exp(s - lse_safe)

@@ -60,7 +60,9 @@ class SoftmaxState:
         """Combine the states of two disjoint key sets."""
         m = torch.maximum(self.m, other.m)
         a, b = _rescale(self.m, m), _rescale(other.m, m)
-        return SoftmaxState(m=m, l=a * self.l + b * other.l, acc=a[..., None] * self.acc + b[..., None] * other.acc)
+        return SoftmaxState(
+            m=m, l=a * self.l + b * other.l, acc=a[..., None] * self.acc + b[..., None] * other.acc
+        )
 
     def finalize(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(o, lse)``; rows with no visible key give ``o = 0`` and ``lse = -inf``."""
