@@ -2,7 +2,7 @@
 // with torch.utils.cpp_extension.load). It validates inputs, brings each tensor into the form the
 // kernels address (see flash_api.h), allocates outputs and launches on the current stream. The
 // autograd and fake-tensor registration of the custom ops lives in the Python loader.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
@@ -89,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor> fwd(const at::Tensor& q_in, const at::Tensor&
   strides_of(k, p.k_stride);
   strides_of(v, p.v_stride);
   strides_of(o, p.o_stride);
-  const cudaError_t err = flashprop::flash_fwd(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = flashprop::flash_fwd(p, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "flashprop cuda forward failed: ", cudaGetErrorString(err));
   return {o, lse};
 }
@@ -109,7 +109,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout_in,
                        o_in.scalar_type() == q_in.scalar_type(),
                    "flashprop cuda backward: dO and O must have q's dtype");
   const std::vector<int64_t> lse_shape{s.batch, s.hq, s.nq};
-  TORCH_CHECK_VALUE(lse_in.sizes() == lse_shape && dlse_in.sizes() == lse_shape,
+  TORCH_CHECK_VALUE(lse_in.sizes() == at::IntArrayRef(lse_shape) &&
+                        dlse_in.sizes() == at::IntArrayRef(lse_shape),
                     "flashprop cuda backward: lse and dlse must be (B, Hq, Nq)");
   TORCH_CHECK_TYPE(lse_in.scalar_type() == at::kFloat && dlse_in.scalar_type() == at::kFloat,
                    "flashprop cuda backward: lse and dlse must be float32");
@@ -145,7 +146,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> bwd(const at::Tensor& dout_in,
   strides_of(dq, p.dq_stride);
   strides_of(dk, p.dk_stride);
   strides_of(dv, p.dv_stride);
-  const cudaError_t err = flashprop::flash_bwd(p, at::cuda::getCurrentCUDAStream());
+  const cudaError_t err = flashprop::flash_bwd(p, c10::cuda::getCurrentCUDAStream());
   TORCH_CHECK(err == cudaSuccess, "flashprop cuda backward failed: ", cudaGetErrorString(err));
   return {dq, dk, dv};
 }
