@@ -1,0 +1,140 @@
+"""Budgets for comparing two kernel runs with each other (metamorphic properties).
+
+Two runs ``a`` and ``b`` whose exact results are equal (``g_a = g_b``, or ``g_b = g_a + shift``)
+are each allowed the tolerance model's error against their own float64 golden, so by the
+triangle inequality
+
+    max|X_a - X_b|  <=  max|X_a - g_a| + max|g_a - g_b| + max|g_b - X_b|
+                    <=  budget_a(X) + budget_b(X)      (+ the goldens' own float64 rounding)
+
+where each ``budget`` is ``properties.tolerance.budget``: r times the yardstick's error on that
+run's inputs plus the floor of that run's magnitudes. No new tolerance is invented here: the
+budgets are the ones :func:`properties.check.assert_close_to_golden` applies to each run alone.
+
+Exact requirements come first: a NaN in either run fails (the golden never has one), and inf
+entries (lse of empty rows) must sit at the same places with the same value in both runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from kernels.registry import Kernel
+from properties.check import Outputs, PropertyFailure, failure, reference_for
+from properties.problem import Problem
+from properties.tolerance import budget
+from refimpl import attention_golden, attention_yardstick
+
+#: Forward tensors the metamorphic properties compare.
+FORWARD = ("o", "lse")
+
+Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+Index = tuple[slice, ...]
+
+
+@contextlib.contextmanager
+def _matmul_precision(kernel: Kernel, q: torch.Tensor) -> Iterator[None]:
+    """Run the yardstick's float32 matmuls in tf32 when the kernel declares tf32 (as check.py does)."""
+    if kernel.capabilities.fp32_matmul != "tf32" or not q.is_cuda:
+        yield
+        return
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | None = None,
+                  scale: float | None = None) -> tuple[Outputs, Outputs]:
+    """Forward golden and yardstick on ``inputs`` (default: the problem's own, cached).
+
+    ``problem`` supplies causal and the dtype; ``scale`` overrides ``problem.scale``; the causal
+    alignment is the kernel's declared one."""
+    if inputs is None and scale is None:
+        return reference_for(kernel, problem)
+    q, k, v = (t.detach() for t in (inputs if inputs is not None else problem.inputs()))
+    kw = dict(causal=problem.causal, scale=problem.scale if scale is None else scale,
+              alignment=kernel.capabilities.causal_alignment)
+    golden = Outputs(*attention_golden(q, k, v, **kw))
+    with torch.no_grad(), _matmul_precision(kernel, q):
+        yard = Outputs(*attention_yardstick(q, k, v, **kw))
+    return golden, yard
+
+
+def restrict(refs: tuple[Outputs, Outputs], index: Index) -> tuple[Outputs, Outputs]:
+    """The references of a sub-problem (some batch elements or heads): the same index into each."""
+    return tuple(Outputs(r.o[index], r.lse[index]) for r in refs)
+
+
+def _max_finite_abs(t: torch.Tensor) -> float:
+    finite = t[torch.isfinite(t)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+def _max_finite_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    both = torch.isfinite(a) & torch.isfinite(b)
+    return float((a - b)[both].abs().max()) if both.any() else 0.0
+
+
+def budgets(dtype: torch.dtype, refs: tuple[Outputs, Outputs]) -> dict[str, float]:
+    """The tolerance model's budget for o and lse of one run with references ``(golden, yardstick)``."""
+    golden, yard = refs
+    logit_size = _max_finite_abs(golden.lse)
+    out = {}
+    for name in FORWARD:
+        g, y = getattr(golden, name), getattr(yard, name).to(torch.float64)
+        out[name] = budget(name, dtype, _max_finite_diff(y, g), _max_finite_abs(g), logit_size)[0]
+    return out
+
+
+def total(*parts: dict[str, float]) -> dict[str, float]:
+    """Budgets of several runs, added per tensor."""
+    return {name: sum(p[name] for p in parts) for name in FORWARD}
+
+
+def disagreement(name: str, a: torch.Tensor, b: torch.Tensor, limit: float) -> str | None:
+    """Why ``a`` and ``b`` do not agree within ``limit`` (``None`` when they do)."""
+    a, b = a.detach().to(torch.float64), b.detach().to(device=a.device, dtype=torch.float64)
+    if a.shape != b.shape:
+        return f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ"
+    nan = torch.isnan(a) | torch.isnan(b)
+    if nan.any():
+        return f"{name}: NaN in {int(nan.sum())} elements, first at {tuple(nan.nonzero()[0].tolist())}"
+    inf = (torch.isinf(a) | torch.isinf(b)) & (a != b)
+    if inf.any():
+        at = tuple(inf.nonzero()[0].tolist())
+        return f"{name}: inf pattern differs in {int(inf.sum())} elements, first at {at} ({a[at]} vs {b[at]})"
+    err = _max_finite_diff(a, b)
+    if err > limit:
+        diff = torch.where(torch.isfinite(a), (a - b).abs(), 0.0)
+        at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        return (f"{name}: max|a - b| = {err:.3e} at {at} ({float(a[at]):.6g} vs {float(b[at]):.6g}) > "
+                f"budget {limit:.3e} (sum of both runs' tolerance-model budgets)")
+    return None
+
+
+Pair = tuple[str, torch.Tensor | None, torch.Tensor | None]
+
+
+def pairs(a: Outputs, b: Outputs, a_index: Index = (), b_index: Index = ()) -> list[Pair]:
+    """``(name, a.name[a_index], b.name[b_index])`` for o and lse; ``None`` for a missing lse."""
+    def pick(out: Outputs, name: str, index: Index) -> torch.Tensor | None:
+        t = getattr(out, name)
+        return None if t is None else t[index]
+
+    return [(name, pick(a, name, a_index), pick(b, name, b_index)) for name in FORWARD]
+
+
+def assert_agree(kernel: Kernel, problem: Problem, prop: str, what: str,
+                 compared: list[Pair], limits: dict[str, float]) -> None:
+    """Fail with :func:`properties.check.failure` unless each compared ``(name, a, b)`` agrees within
+    ``limits[name]``; pairs with a ``None`` side (a kernel without lse) are skipped."""
+    bad = [msg for name, a, b in compared if a is not None and b is not None
+           if (msg := disagreement(name, a, b, limits[name])) is not None]
+    if bad:
+        raise PropertyFailure(failure(kernel, problem, prop, [what, *bad]))
