@@ -1,0 +1,459 @@
+"""The catalogue of planted-bug kernels.
+
+A :class:`Mutant` is a source edit of one reference kernel: the target file, an exact snippet of
+it and the snippet that replaces it. :func:`build` reads the target source, checks the snippet
+occurs exactly once (so a change to the kernel fails loudly instead of planting nothing),
+replaces it and executes the result as a fresh module; the mutant kernel is that module's
+``attention``, with the capabilities the original declares.
+
+Every mutant is an attribute of this module, built on first access, so the suite loads one with
+``--kernel mutants.catalogue:NAME``. Each docstring names the bug class and the public report
+(or the well-known kernel) whose bug it imitates.
+"""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCKED = "refimpl/blocked.py"
+TRITON = "kernels/triton_attention.py"
+
+
+class MutantDrift(RuntimeError):
+    """A mutant's original snippet no longer occurs exactly once in its target source."""
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: replace ``original`` (exactly one occurrence) in ``target`` by ``replacement``.
+
+    Attributes:
+        name: the attribute name in this module (``mutants.catalogue:NAME``).
+        target: the mutated file, relative to the repository root.
+        original: the exact snippet of the target source that is replaced.
+        replacement: the snippet planted instead.
+        bug_class: the class of bug, as the runner's table names it.
+        doc: what the mutant does and which real bug it imitates.
+    """
+
+    name: str
+    target: str
+    original: str
+    replacement: str
+    bug_class: str
+    doc: str
+
+    @property
+    def kernel_family(self) -> str:
+        return "blocked" if self.target == BLOCKED else "triton"
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ----------------------------------------------------------------- blocked (refimpl/blocked.py)
+    Mutant(
+        "blocked_no_rescale",
+        BLOCKED,
+        "acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj",
+        "acc = acc + p.to(q.dtype).to(acc_t) @ vj",
+        "online-softmax rescale omitted",
+        "The output accumulator is not rescaled by exp(m_old - m_new) when the running max grows "
+        "(l still is). The correction FlashAttention-2's Algorithm 1 is built around; hand-written "
+        "kernels that drop it are exact whenever the first key tile holds the row max, so tests "
+        "with one tile or sorted logits miss it.",
+    ),
+    Mutant(
+        "blocked_max_init_zero",
+        BLOCKED,
+        "m = torch.full((b, q1 - q0), NEG_INF, dtype=acc_t, device=q.device)",
+        "m = torch.full((b, q1 - q0), 0.0, dtype=acc_t, device=q.device)",
+        "running max initialised at a finite sentinel",
+        "The running max starts at 0 instead of -inf, so it never drops below 0: rows whose logits "
+        "are all very negative underflow exp() to 0 and come out as empty rows (o = 0, lse = -inf). "
+        "Imitates finite-sentinel kernels (the -10000 masks of pre-SDPA Hugging Face attention, "
+        "m_i = 0 initialisations in hand-written Triton kernels).",
+    ),
+    Mutant(
+        "blocked_tail_scored_zero",
+        BLOCKED,
+        "                cols = torch.arange(k0, k0 + block_n, device=q.device)\n"
+        "                kj = kh[:, k0 : k0 + block_n].to(acc_t)\n"
+        "                vj = vh[:, k0 : k0 + block_n].to(acc_t)\n"
+        "                s = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk)\n",
+        "                cols = torch.arange(k0, k0 + block_n, device=q.device)\n"
+        "                pad = (0, 0, 0, k0 + block_n - min(nk, k0 + block_n))\n"
+        "                kj = torch.nn.functional.pad(kh[:, k0 : k0 + block_n], pad).to(acc_t)\n"
+        "                vj = torch.nn.functional.pad(vh[:, k0 : k0 + block_n], pad).to(acc_t)\n"
+        "                s = _scores(qi, kj, scale, rows, cols, causal, offset, k0 + block_n)\n",
+        "tail tile not masked",
+        "The ragged last key tile is zero-padded (as a masked load with other=0 pads it) but not "
+        "masked, so each padded key scores 0 and takes softmax weight. Imitates jax-ml/jax#27224 "
+        "(Pallas GPU FlashAttention correct only when sequence lengths are multiples of the block) "
+        "and the early Triton tutorial kernel, which assumed N % BLOCK == 0.",
+    ),
+    Mutant(
+        "blocked_tail_skipped",
+        BLOCKED,
+        "for k0 in range(0, _key_stop(q1, nk, causal, offset), block_n):",
+        "for k0 in range(0, _key_stop(q1, nk, causal, offset) // block_n * block_n, block_n):",
+        "tail tile skipped",
+        "The forward loop stops at the last whole key tile, so the ragged tail (and a causal "
+        "diagonal that ends mid-tile) is never read. Imitates kernels that compute the loop bound "
+        "as N // BLOCK_N (amorehead/jvp_flash_attention#13 asserts N % 32 == 0 for this reason).",
+    ),
+    Mutant(
+        "blocked_causal_top_left",
+        BLOCKED,
+        "from refimpl.masks import causal_offset\n",
+        "from refimpl.masks import causal_offset as _aligned_offset\n\n\n"
+        "def causal_offset(nq, nk):\n"
+        "    return _aligned_offset(nq, nk, 'top-left')\n",
+        "causal aligned top-left",
+        "causal=True is aligned top-left (query i sees keys j <= i) while the kernel declares "
+        "bottom-right (j <= i + Nk - Nq). FlashAttention 2.1 switched to bottom-right "
+        "(Dao-AILab/flash-attention#951, #517); PyTorch SDPA is_causal and xformers stayed top-left; "
+        "NVIDIA/cutlass#2336 reports the Blackwell FMHA causal mask wrong when qlen != klen.",
+    ),
+    Mutant(
+        "blocked_diagonal_strict",
+        BLOCKED,
+        "visible = visible & (cols[None, :] <= rows[:, None] + offset)",
+        "visible = visible & (cols[None, :] < rows[:, None] + offset)",
+        "diagonal masked off by one",
+        "The causal mask uses < instead of <=, hiding the diagonal (each query's own key) in "
+        "forward and backward; with Nq == Nk the first query row sees no key at all.",
+    ),
+    Mutant(
+        "blocked_empty_rows_nan",
+        BLOCKED,
+        "m_safe = torch.where(m_new == NEG_INF, 0.0, m_new)",
+        "m_safe = m_new",
+        "NaN on fully masked rows",
+        "A row whose visible keys are all masked keeps m = -inf and computes exp(-inf - (-inf)) = "
+        "NaN. Imitates pytorch/pytorch#103963 (scaled_dot_product_attention gives NaN for rows "
+        "with no visible key), the long-standing MultiheadAttention fully-masked-row NaN.",
+    ),
+    Mutant(
+        "blocked_bwd_ignores_causal",
+        BLOCKED,
+        "s = _scores(qi, kj, scale, rows, cols, causal, offset, nk)",
+        "s = _scores(qi, kj, scale, rows, cols, False, offset, nk)",
+        "backward ignores the causal flag",
+        "The backward recomputes P = exp(S - lse) without the causal mask, so future keys get "
+        "gradient. Imitates backward kernels that mask only the forward (the causal-backward "
+        "care point raised in Dao-AILab/flash-attention#436).",
+    ),
+    Mutant(
+        "blocked_bwd_skips_key_tail",
+        BLOCKED,
+        "for k0 in range(0, nk, block_n):",
+        "for k0 in range(0, nk - nk % block_n, block_n):",
+        "backward ignores the tail",
+        "The backward loops over whole key tiles only: the ragged last tile gets dk = dv = 0 and "
+        "contributes nothing to dq. Imitates backward kernels written for N % BLOCK == 0 "
+        "(amorehead/jvp_flash_attention#13) with the assert removed.",
+    ),
+    Mutant(
+        "blocked_lse_without_log_l",
+        BLOCKED,
+        "lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m + torch.log(l_safe))",
+        "lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m)",
+        "lse wrong (log(l) dropped)",
+        "lse is saved as the running max m without + log(l), so it is wrong as an output and the "
+        "backward's P = exp(S - lse) is unnormalised. The formula confusion of "
+        "Dao-AILab/flash-attention#404 (log sum exp(x) vs log sum exp(x - max)).",
+    ),
+    Mutant(
+        "blocked_delta_dodo",
+        BLOCKED,
+        "delta = (do.to(acc_t) * o.to(acc_t)).sum(-1)",
+        "delta = (do.to(acc_t) * do.to(acc_t)).sum(-1)",
+        "D = rowsum(dO * O) wrong",
+        "The backward preprocess computes Delta = rowsum(dO * dO) instead of rowsum(dO * O), a "
+        "one-token typo in the preprocess kernel every FA2 backward has (the Triton tutorial's "
+        "_bwd_preprocess, quoted in triton-lang/triton#1934).",
+    ),
+    Mutant(
+        "blocked_scale_ignored",
+        BLOCKED,
+        "scale = default_scale(q.shape[-1], scale)",
+        "scale = default_scale(q.shape[-1], None)",
+        "explicit scale ignored",
+        "An explicit softmax scale is dropped on the way to the kernel, which always uses "
+        "1/sqrt(D). Imitates Dao-AILab/flash-attention#2651 (FA4 Sm80 backward overwrote "
+        "softmax_scale with None) and wrappers that forget to forward softmax_scale.",
+    ),
+    Mutant(
+        "blocked_dk_scale_twice",
+        BLOCKED,
+        "dk[:, hk, k0:k1] += scale * (ds_lp.transpose(-1, -2) @ qi)",
+        "dk[:, hk, k0:k1] += scale * scale * (ds_lp.transpose(-1, -2) @ qi)",
+        "scale applied twice in dK",
+        "dK is scaled twice. The old Triton tutorial backward folds sm_scale into dS "
+        "(ds = p * dp * sm_scale, quoted in triton-lang/triton#919); a port that also scales dK "
+        "at write-back applies it twice, invisible at scale 1.",
+    ),
+    Mutant(
+        "blocked_strides_contiguous",
+        BLOCKED,
+        "    check_shapes(q, k, v)\n",
+        "    check_shapes(q, k, v)\n"
+        "    q, k, v = (t.as_strided(t.shape, t.new_empty(t.shape).stride(), t.storage_offset())\n"
+        "               for t in (q, k, v))\n",
+        "strides assumed contiguous",
+        "Inputs are read as if contiguous from their storage offset, ignoring their strides. "
+        "Imitates flagos-ai/FlagGems#5896 (flash attention wrong for a transposed V), "
+        "NVIDIA/TransformerEngine#1195 (cuDNN fused attention ignoring strides) and "
+        "Dao-AILab/flash-attention#2670 (SM100 hd256 forward hard-coded contiguous strides).",
+    ),
+    Mutant(
+        "blocked_gqa_head_modulo",
+        BLOCKED,
+        "kh, vh = k[:, _kv_head(h, group)], v[:, _kv_head(h, group)]",
+        "kh, vh = k[:, h % k.shape[1]], v[:, h % k.shape[1]]",
+        "GQA head mapped wrong",
+        "The forward maps query head h to kv head h % Hkv (interleaved) instead of h // group. "
+        "Imitates XunhaoLai/native-sparse-attention-triton#27 (wrong head-count division in the "
+        "GQA head split of a Triton FlashAttention backward).",
+    ),
+    Mutant(
+        "blocked_nondeterministic",
+        BLOCKED,
+        "            for k0 in range(0, _key_stop(q1, nk, causal, offset), block_n):\n",
+        "            starts = torch.arange(0, _key_stop(q1, nk, causal, offset), block_n)\n"
+        "            for k0 in starts[torch.randperm(len(starts))].tolist():\n",
+        "non-deterministic results",
+        "Key tiles are visited in a random order (as split-KV or atomics reduce in arrival "
+        "order): mathematically the same answer, bitwise different on every call. Imitates the "
+        "FA2 backward's atomicAdd dQ (Dao-AILab/flash-attention#414: dq differs run to run).",
+    ),
+    Mutant(
+        "blocked_exp_without_max",
+        BLOCKED,
+        "m_new = torch.maximum(m, s.amax(-1))",
+        "m_new = torch.zeros_like(m)",
+        "exp without max subtraction",
+        "The running max is never taken, so P = exp(S) overflows for logits above ~88 (fp32) and "
+        "inf / inf gives NaN. Imitates naive softmax kernels; mlc-ai/mlc-llm#1870 and "
+        "apache/tvm#16667 fixed NaN attention from fp16 overflow on large Q/K.",
+    ),
+    Mutant(
+        "blocked_acc_in_input_dtype",
+        BLOCKED,
+        "                l = alpha * l + p.sum(-1)  # noqa: E741\n"
+        "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n",
+        "                l = (alpha * l + p.sum(-1)).to(q.dtype).to(acc_t)  # noqa: E741\n"
+        "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n"
+        "                acc = acc.to(q.dtype).to(acc_t)\n",
+        "low-precision accumulation",
+        "The running sum l and the output accumulator are kept in the input dtype (fp16) between "
+        "key tiles, so rounding errors accumulate over the sequence. Imitates fp16-accumulator "
+        "attention (thu-ml/SageAttention#93 pv_accum fp16; Dao-AILab/flash-attention#2250, FP8 "
+        "tensor-core accumulation losing accuracy on long contexts).",
+    ),
+    Mutant(
+        "blocked_lse_saved_low_precision",
+        BLOCKED,
+        "lse = torch.empty((b, hq, nq), dtype=acc_t, device=q.device)",
+        "lse = torch.empty((b, hq, nq), dtype=q.dtype, device=q.device)",
+        "lse not saved properly",
+        "lse is saved in the input dtype (fp16) instead of fp32, so the backward recomputes P from "
+        "an lse rounded to ~1e-3 relative and the returned lse breaks the float32 contract. "
+        "Imitates kernels that allocate softmax_lse like the output (torch.empty_like(q[..., 0])).",
+    ),
+    # ---------------------------------------------------------- triton (kernels/triton_attention.py)
+    Mutant(
+        "triton_tail_unmasked",
+        TRITON,
+        "            visible = (offs_n < n_k)[None, :]\n"
+        "            if CAUSAL:\n"
+        "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
+        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        "            visible = (offs_n >= 0)[None, :]\n"
+        "            if CAUSAL:\n"
+        "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
+        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        "tail tile not masked",
+        "The forward's masked tile drops the keys < n_k test: keys past the end, loaded as 0, "
+        "score 0 and take softmax weight. jax-ml/jax#27224 (Pallas Triton-backend FlashAttention "
+        "wrong unless N is a multiple of the block).",
+    ),
+    Mutant(
+        "triton_diagonal_strict",
+        TRITON,
+        "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
+        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        "                visible = visible & (offs_n[None, :] < offs_m[:, None] + (n_k - n_q))\n"
+        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        "diagonal masked off by one",
+        "The forward's causal mask uses < instead of <=, hiding each query's diagonal key (only in "
+        "the forward: the backward still uses <=).",
+    ),
+    Mutant(
+        "triton_masked_fill_finite",
+        TRITON,
+        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        "            s = tl.where(visible, s, -1.0e30)\n",
+        "mean(V) on fully masked rows",
+        "Masked scores are filled with a finite -1e30 instead of -inf: fine while a row has one "
+        "visible key, but a row with none gets a uniform softmax over the tile, i.e. mean(V) "
+        "(plus padded zeros) and a finite lse, instead of o = 0 and lse = -inf. The behaviour of "
+        "additive finite masks (torch.finfo.min, -10000) for fully masked rows.",
+    ),
+    Mutant(
+        "triton_empty_rows_nan",
+        TRITON,
+        "            m_sub = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
+        "            m_sub = m_new\n",
+        "NaN on fully masked rows",
+        "The forward drops the guard that subtracts 0 instead of -inf for rows that have seen no "
+        "key, so exp2(-inf - (-inf)) = NaN on empty rows (causal, Nq > Nk). "
+        "pytorch/pytorch#103963; NVIDIA/Model-Optimizer#1034 review (NaN risk in the LSE "
+        "epilogue of a Triton attention kernel).",
+    ),
+    Mutant(
+        "triton_causal_range_top_left",
+        TRITON,
+        "        offset = n_k - n_q  # bottom-right alignment: row i sees keys j <= i + offset\n",
+        "        offset = 0  # top-left alignment\n",
+        "causal aligned top-left",
+        "The key-tile range of a query tile is computed top-left while the masks stay "
+        "bottom-right, so with Nk > Nq visible keys past row + BLOCK_M are skipped and with "
+        "Nq > Nk unmasked whole tiles leak future keys. The FA 2.0 -> 2.1 alignment change "
+        "(Dao-AILab/flash-attention#951) half-applied; NVIDIA/cutlass#2336.",
+    ),
+    Mutant(
+        "triton_lse_base2",
+        TRITON,
+        "(m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)",
+        "(m_i + tl.log2(tl.where(empty, 1.0, l_i))))",
+        "lse in base 2",
+        "The exp2-domain lse is stored without converting back to natural log (* ln 2). "
+        "lightseekorg/tokenspeed#571 (gluon prefill stored base-2 LSE), flashinfer-ai/flashinfer#2114 "
+        "(MLA LSE base 2 vs e), ROCm/torch_migraphx#274 (PyTorch flash LSE base changed).",
+    ),
+    Mutant(
+        "triton_bwd_ignores_causal",
+        TRITON,
+        "            p_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), p_t, 0.0)\n",
+        "            p_t = tl.where(offs_m[None, :] < n_q, p_t, 0.0)\n",
+        "backward ignores the causal flag",
+        "The dK/dV kernel's diagonal tiles keep only the query-tail mask and lose the causal one, "
+        "so dK and dV collect gradient from queries that never saw the key (dQ stays right).",
+    ),
+    Mutant(
+        "triton_bwd_query_tail_skipped",
+        TRITON,
+        "            offs_n, full_lo, N_Q, N_Q, N_K, scale2,\n",
+        "            offs_n, full_lo, N_Q // BLOCK_M * BLOCK_M, N_Q, N_K, scale2,\n",
+        "backward ignores the tail",
+        "The dK/dV kernel's loop over query tiles stops at the last whole tile, dropping the "
+        "ragged query tail's contribution to dK and dV. Backward kernels written for "
+        "N % BLOCK == 0 (amorehead/jvp_flash_attention#13).",
+    ),
+    Mutant(
+        "triton_delta_omitted",
+        TRITON,
+        "delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1) - dlse.to(ACC_DTYPE)",
+        "delta = -dlse.to(ACC_DTYPE)",
+        "D = rowsum(dO * O) wrong",
+        "The preprocess omits rowsum(dO * O) from Delta, so dS = P * dP misses the softmax "
+        "Jacobian's subtraction (dV stays right, dQ and dK are wrong).",
+    ),
+    Mutant(
+        "triton_scale_hardcoded_64",
+        TRITON,
+        "sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)",
+        "sm_scale = 1.0 / math.sqrt(64) if scale is None else float(scale)",
+        "scale hard-coded to 1/sqrt(64)",
+        "The default scale is 1/sqrt(64) whatever D is. The Triton tutorial kernel hard-coded its "
+        "head dim to 64 (triton-lang/triton#621).",
+    ),
+    Mutant(
+        "triton_strides_contiguous",
+        TRITON,
+        "args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),",
+        "args = (q, k, v, o, lse, *q.contiguous().stride(), *k.contiguous().stride(),\n"
+        "            *v.contiguous().stride(), *o.stride(),",
+        "strides assumed contiguous",
+        "The forward passes contiguous strides for whatever q, k, v it is given. "
+        "flagos-ai/FlagGems#5896 (Triton flash attention reads a transposed V as contiguous), "
+        "Dao-AILab/flash-attention#2670, ROCm/aiter#1631.",
+    ),
+    Mutant(
+        "triton_gqa_dkdv_not_summed",
+        TRITON,
+        "    for g in range(0, GROUP):\n",
+        "    for g in range(0, 1):\n",
+        "GQA dK/dV not summed over the group",
+        "dK and dV of a kv head take only the first query head of its group. "
+        "marin-community/levanter#449 (FA backward did not sum dK/dV over the query heads sharing "
+        "a kv head).",
+    ),
+    Mutant(
+        "triton_head_dim_capped_64",
+        TRITON,
+        "\"BLOCK_D\": _pow2_dim(d), \"BLOCK_DV\": _pow2_dim(dv),",
+        "\"BLOCK_D\": min(64, _pow2_dim(d)), \"BLOCK_DV\": min(64, _pow2_dim(dv)),",
+        "head dims above 64 dropped",
+        "Head-dim tiles are capped at 64 columns: dims past 64 are neither read nor written. "
+        "triton-lang/triton#621 (the tutorial FlashAttention computed with q[..., :64] when "
+        "D = 128); mni-ml/framework#38 (CUDA kernel truncating head dims > 32).",
+    ),
+    Mutant(
+        "triton_acc_fp16",
+        TRITON,
+        "\"ACC_DTYPE\": tl.float64 if q.dtype == torch.float64 else tl.float32,",
+        "\"ACC_DTYPE\": {torch.float64: tl.float64, torch.float16: tl.float16}.get(q.dtype, tl.float32),",
+        "low-precision accumulation",
+        "fp16 inputs accumulate m, l, the output and the gradients in fp16 instead of fp32. "
+        "mlc-ai/mlc-llm#1870, apache/tvm#16667 (attention without fp32 accumulation), "
+        "Dao-AILab/flash-attention#543 (FP16 accumulation trade-off).",
+    ),
+)
+
+BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
+
+
+def mutated_source(mutant: Mutant) -> str:
+    """The target's source with the mutant planted; :class:`MutantDrift` if the snippet is not
+    there exactly once."""
+    source = (ROOT / mutant.target).read_text()
+    count = source.count(mutant.original)
+    if count != 1:
+        raise MutantDrift(
+            f"mutant {mutant.name}: its snippet occurs {count} times in {mutant.target} (expected 1); "
+            "the kernel changed, update the mutant"
+        )
+    return source.replace(mutant.original, mutant.replacement)
+
+
+def build(mutant: Mutant) -> Callable:
+    """Execute the mutated target as a fresh module and return its ``attention`` kernel.
+
+    The source is registered with :mod:`linecache` under a pseudo file name so that tools that
+    read a function's source (``triton.jit``, tracebacks) find the mutated text.
+    """
+    source = mutated_source(mutant)
+    filename = f"<mutant {mutant.name} of {mutant.target}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    module = types.ModuleType(f"mutants.built.{mutant.name}", mutant.doc)
+    module.__file__ = filename
+    sys.modules[module.__name__] = module
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module.attention
+
+
+def __getattr__(name: str) -> Callable:
+    """Module attributes are the mutant kernels, built on first access."""
+    mutant = BY_NAME.get(name)
+    if mutant is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    kernel = build(mutant)
+    globals()[name] = kernel
+    return kernel
