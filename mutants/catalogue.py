@@ -225,8 +225,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "blocked_nondeterministic",
         BLOCKED,
         "            for k0 in range(0, _key_stop(q1, nk, causal, offset), block_n):\n",
-        "            starts = torch.arange(0, _key_stop(q1, nk, causal, offset), block_n)\n"
-        "            for k0 in starts[torch.randperm(len(starts))].tolist():\n",
+        "            starts = list(range(0, _key_stop(q1, nk, causal, offset), block_n))\n"
+        "            for k0 in [starts[i] for i in torch.randperm(len(starts)).tolist()]:\n",
         "non-deterministic results",
         "Key tiles are visited in a random order (as split-KV or atomics reduce in arrival "
         "order): mathematically the same answer, bitwise different on every call. Imitates the "

@@ -1,0 +1,226 @@
+"""Run the property suite against every planted-bug kernel: ``python -m mutants.run``.
+
+1. The fuzz job on the unmutated kernels (``ref-blocked`` and ``triton``, CI profile) must pass:
+   a suite that fails correct kernels proves nothing by failing mutants.
+2. Each mutant runs in its own pytest subprocess (``-x``: stop at the first failing property)
+   with a time budget. It is *caught* when a property fails; the failure header
+   ("property 'X' failed for kernel") and the probe plugin (:mod:`mutants.probe`) give the
+   property, the examples and the seconds to the first failure, and the shrunk problem.
+3. A table (mutant, class, caught, property, examples, seconds, problem) is printed and, with
+   ``--out``, written as markdown. Exit status 1 if a correct kernel fails or a mutant survives.
+
+Property files run cheapest and most discriminating first (:data:`FIRST`), the error contract
+last (it cannot see wrong arithmetic), so that time to catch stays low.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
+
+#: Property files that run first, in this order; the rest follow alphabetically, then LAST.
+FIRST = ("test_golden.py",)
+LAST = ("test_error_contract.py",)
+CORRECT_KERNELS = ("ref-blocked", "triton")
+
+_HEADER = re.compile(r"property '([^']+)' failed for kernel")
+_PROBLEM = re.compile(r"^problem: (Problem\(.*\))$", re.MULTILINE)
+_FAILED_TEST = re.compile(r"^FAILED (\S+)", re.MULTILINE)
+_ERROR_TEST = re.compile(r"^ERROR (\S+)", re.MULTILINE)
+
+
+@dataclass
+class Outcome:
+    """What the suite did to one mutant."""
+
+    mutant: Mutant
+    status: str  # "caught", "survived", "timeout" or "error"
+    prop: str = "-"
+    examples: int | None = None
+    seconds: float | None = None
+    wall: float = 0.0
+    problem: str = "-"
+    detail: str = ""
+
+    @property
+    def caught(self) -> bool:
+        return self.status == "caught"
+
+
+def property_files() -> list[str]:
+    """The property test files in run order."""
+    found = sorted(p.name for p in (ROOT / "properties").glob("test_*.py"))
+    first = [f for f in FIRST if f in found]
+    last = [f for f in LAST if f in found]
+    middle = [f for f in found if f not in first and f not in last]
+    return [f"properties/{f}" for f in (*first, *middle, *last)]
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONHASHSEED="0")
+    env.update(extra or {})
+    return env
+
+
+def _pytest(kernels: list[str], *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile", "ci"]
+    for kernel in kernels:
+        cmd += ["--kernel", kernel]
+    return [*cmd, *extra, "-m", "not meta", *property_files()]
+
+
+def run_correct_kernels(timeout: float) -> tuple[bool, float, str]:
+    """The fuzz job on the unmutated kernels: ``(passed, seconds, output tail)``."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            _pytest(list(CORRECT_KERNELS)), cwd=ROOT, env=_env(), capture_output=True, text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return False, time.perf_counter() - start, f"timed out after {timeout:.0f} s"
+    output = proc.stdout + proc.stderr
+    return proc.returncode == 0, time.perf_counter() - start, output[-4000:]
+
+
+def run_mutant(mutant: Mutant, budget: float) -> Outcome:
+    """Run the suite on one mutant in a subprocess, stopping at the first failing property."""
+    mutated_source(mutant)  # a drifted snippet fails here, loudly, before any test runs
+    with tempfile.TemporaryDirectory() as tmp:
+        probe_out = Path(tmp) / "probe.json"
+        cmd = _pytest([f"mutants.catalogue:{mutant.name}"], "-x", "-p", "mutants.probe")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, env=_env({"FLASHPROP_PROBE_OUT": str(probe_out)}), capture_output=True,
+                text=True, timeout=budget,
+            )
+        except subprocess.TimeoutExpired:
+            return Outcome(mutant, "timeout", wall=time.perf_counter() - start,
+                           detail=f"no property failed within {budget:.0f} s")
+        wall = time.perf_counter() - start
+        probe = json.loads(probe_out.read_text()) if probe_out.exists() else {}
+    output = proc.stdout + proc.stderr
+    failed = _FAILED_TEST.findall(output)
+    if proc.returncode == 0:
+        return Outcome(mutant, "survived", wall=wall, examples=probe.get("examples_total"),
+                       detail="every property passed")
+    if not failed:
+        errors = _ERROR_TEST.findall(output)
+        return Outcome(mutant, "error", wall=wall, detail=(errors or [output.strip()[-300:]])[0])
+    headers = _HEADER.findall(output)
+    problems = _PROBLEM.findall(probe.get("failure") or output)
+    return Outcome(
+        mutant,
+        "caught",
+        prop=probe.get("property") or (headers[-1] if headers else failed[0].split("::")[-1]),
+        examples=probe.get("examples"),
+        seconds=probe.get("seconds"),
+        wall=wall,
+        problem=problems[-1] if problems else "-",
+    )
+
+
+def _fmt(value: float | int | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(outcomes: list[Outcome]) -> list[list[str]]:
+    rows = [["mutant", "class", "caught", "property", "examples", "seconds", "wall s", "problem"]]
+    for o in outcomes:
+        status = "caught" if o.caught else o.status.upper()
+        rows.append([
+            o.mutant.name, o.mutant.bug_class, status, o.prop, _fmt(o.examples, "d"),
+            _fmt(o.seconds, ".1f"), _fmt(o.wall, ".1f"), o.problem if o.caught else o.detail,
+        ])
+    return rows
+
+
+def markdown(rows: list[list[str]]) -> str:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    return "\n".join([line(rows[0]), line(["---"] * len(rows[0])), *(line(r) for r in rows[1:])])
+
+
+def plain(rows: list[list[str]]) -> str:
+    """Fixed-width table without the (long) problem column."""
+    short = [r[:-1] for r in rows]
+    widths = [max(len(r[i]) for r in short) for i in range(len(short[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in short)
+
+
+def summary(outcomes: list[Outcome], total: float, baseline: float) -> list[str]:
+    caught = [o for o in outcomes if o.caught]
+    times = [o.seconds for o in caught if o.seconds is not None]
+    walls = [o.wall for o in caught]
+    lines = [
+        f"caught {len(caught)} of {len(outcomes)} mutants; total runtime {total:.0f} s "
+        f"(correct-kernel fuzz job {baseline:.0f} s)",
+    ]
+    if times:
+        lines.append(f"median time to catch {statistics.median(times):.1f} s after collection "
+                     f"(max {max(times):.1f} s); median subprocess wall {statistics.median(walls):.1f} s")
+    survivors = [o for o in outcomes if not o.caught]
+    lines += [f"NOT CAUGHT: {o.mutant.name} ({o.status}): {o.detail}" for o in survivors]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, help="write the table as markdown here")
+    parser.add_argument("--budget", type=float, default=60.0, help="seconds per mutant (default 60)")
+    parser.add_argument("--baseline-timeout", type=float, default=300.0,
+                        help="seconds for the correct-kernel fuzz job (default 300)")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these mutants")
+    parser.add_argument("--skip-baseline", action="store_true",
+                        help="skip the correct-kernel fuzz job (for debugging a mutant)")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    baseline_ok, baseline_s = True, 0.0
+    if not args.skip_baseline:
+        baseline_ok, baseline_s, tail = run_correct_kernels(args.baseline_timeout)
+        print(f"correct kernels {', '.join(CORRECT_KERNELS)}: "
+              f"{'pass' if baseline_ok else 'FAIL'} ({baseline_s:.0f} s)", flush=True)
+        if not baseline_ok:
+            print(tail)
+    selected = [m for m in MUTANTS if args.only is None or m.name in args.only]
+    outcomes = []
+    for mutant in selected:
+        outcome = run_mutant(mutant, args.budget)
+        outcomes.append(outcome)
+        print(f"  {mutant.name:34s} {outcome.status:8s} {outcome.prop:20s} "
+              f"{_fmt(outcome.seconds, '.1f'):>6s} s  wall {outcome.wall:.1f} s", flush=True)
+    total = time.perf_counter() - start
+
+    rows = table(outcomes)
+    lines = summary(outcomes, total, baseline_s)
+    if not baseline_ok:
+        lines.insert(0, "CORRECT KERNELS FAIL the fuzz job: the mutant results are not evidence")
+    print()
+    print(plain(rows))
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        order = ", ".join(property_files())
+        args.out.write_text(
+            "# flashprop mutants\n\n" + markdown(rows) + "\n\n" + "\n".join(f"- {x}" for x in lines)
+            + f"\n- property files in run order: {order}\n"
+        )
+    return 0 if baseline_ok and all(o.caught for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
