@@ -4,7 +4,8 @@ The kernels live in ``kernels/cuda/`` (plain CUDA in ``flash_*.cu[h]``, the torc
 ``flash_binding.cpp``). They are compiled for sm_90a (Hopper) by
 ``torch.utils.cpp_extension.load`` the first time they are needed, into
 ``$TORCH_EXTENSIONS_DIR/flashprop_cuda`` or ``~/.cache/flashprop/cuda``; a rebuild happens only
-when a source or a flag changes.
+when a source or a flag changes. ``FLASHPROP_CUDA_FLAGS`` adds nvcc flags (tuning builds, e.g.
+``-DFLASHPROP_FWD128_BLOCK_N=32``); ``FLASHPROP_VERBOSE_BUILD=1`` shows the build.
 
 The forward and backward are PyTorch custom ops (``flashprop::cuda_attn_fwd`` and
 ``flashprop::cuda_attn_bwd``) with fake-tensor and autograd registrations, so they work under
@@ -69,7 +70,7 @@ def _load_extension():
             name="flashprop_cuda",
             sources=[str(_SOURCE_DIR / name) for name in _SOURCES],
             extra_cflags=["-O3"],
-            extra_cuda_cflags=list(_CUDA_FLAGS),
+            extra_cuda_cflags=[*_CUDA_FLAGS, *os.environ.get("FLASHPROP_CUDA_FLAGS", "").split()],
             extra_include_paths=[str(_SOURCE_DIR)],
             build_directory=str(_build_dir()),
             verbose=os.environ.get("FLASHPROP_VERBOSE_BUILD") == "1",
@@ -178,9 +179,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | Non
     b, hq, nq, d = q.shape
     bk, hkv, nk, dk = k.shape
     if b != bk or tuple(v.shape[:3]) != (bk, hkv, nk):
-        raise ValueError(
-            f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
-        )
+        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if dk != d:
         raise ValueError(f"k head dim {dk} != q head dim {d}")
     if v.shape[3] != d:

@@ -13,14 +13,14 @@
 //
 //   1. flash_bwd_preprocess_kernel: Delta, and lse2 = lse * log2 e with +inf for rows that see no
 //      key, so that P = exp2(S * scale * log2 e - lse2) is exactly 0 there (never NaN).
-//   2. flash_bwd_dkdv_kernel: one block per (kBlockN keys, batch, kv head); warp w owns keys
-//      [16w, 16w + 16). It computes the transposed products S^T = K Q^T and dP^T = V dO^T so that
+//   2. flash_bwd_dkdv_kernel: one block per (kBlockN keys, batch, kv head); warp w owns 16 kMT
+//      consecutive keys. It computes the transposed products S^T = K Q^T and dP^T = V dO^T so that
 //      P^T and dS^T come out in registers as the A operand of dV += P^T dO and dK += dS^T Q, and
 //      streams over query tiles of every query head of the kv head's group (GQA sum in
 //      registers). For head dims > 128 the dK and dV accumulators do not both fit in registers:
 //      the kernel then runs twice, once for dV (kDoK = false) and once for dK (kDoV = false).
 //   3. flash_bwd_dq_kernel: one block per (kBlockM queries, batch, query head); warp w owns
-//      queries [16w, 16w + 16); it recomputes S and dP per key tile and accumulates dQ += dS K.
+//      16 kMT consecutive queries; it recomputes S and dP per key tile and accumulates dQ += dS K.
 //
 // Tails need no masks here: rows past Nq are loaded as Q = dO = 0 with lse2 = +inf (P = 0), and
 // keys past Nk are loaded as K = V = 0, so they add nothing to the stored rows; only the causal
@@ -61,11 +61,12 @@ __global__ void flash_bwd_preprocess_kernel(const BwdParams p) {
   }
 }
 
-template <int kD, int kWarps, int kBlockM, bool kDoK, bool kDoV>
+template <int kD, int kWarps, int kMTiles, int kBlockM, bool kDoK, bool kDoV>
 struct DkDvConfig {
   static constexpr int kHeadDim = kD;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockN = 16 * kWarps;  // keys per block
+  static constexpr int kMT = kMTiles;                   // m16 tiles (16 keys each) per warp
+  static constexpr int kBlockN = 16 * kMTiles * kWarps;  // keys per block
   static constexpr int kTileM = kBlockM;       // queries per step
   static constexpr bool kDK = kDoK, kDV = kDoV;
   // sK, sV (if dK is computed), two stages of sQ and sdO, two stages of lse2 and Delta.
@@ -76,7 +77,7 @@ struct DkDvConfig {
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const BwdParams p) {
   constexpr int kD = Cfg::kHeadDim, kBlockN = Cfg::kBlockN, kBlockM = Cfg::kTileM;
-  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMT;
   constexpr bool kDoK = Cfg::kDK, kDoV = Cfg::kDV;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
@@ -94,7 +95,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const Bwd
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int key_w = n0 + warp * 16;  // first key of this warp
+  const int key_w = n0 + warp * 16 * kMT;  // first key of this warp
   const int shift = s.nk - s.nq;
   const float scale_log2 = s.scale * kLog2e;
 
@@ -104,12 +105,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const Bwd
   const int m_tiles = m_begin < s.nq ? ceil_div(s.nq, kBlockM) - m_first_tile : 0;
   const int steps = m_tiles * group;  // (query head in group, query tile) pairs
 
-  float acc_dk[kDoK ? kD / 8 : 1][4];
-  float acc_dv[kDoV ? kD / 8 : 1][4];
-#pragma unroll
-  for (int n = 0; n < (kDoK ? kD / 8 : 1); ++n) acc_dk[n][0] = acc_dk[n][1] = acc_dk[n][2] = acc_dk[n][3] = 0.f;
-#pragma unroll
-  for (int n = 0; n < (kDoV ? kD / 8 : 1); ++n) acc_dv[n][0] = acc_dv[n][1] = acc_dv[n][2] = acc_dv[n][3] = 0.f;
+  // Accumulators of this warp's keys: (m, r) is key key_w + 16 m + g + 8 r.
+  float acc_dk[kMT][kDoK ? kD / 8 : 1][4] = {};
+  float acc_dv[kMT][kDoV ? kD / 8 : 1][4] = {};
 
   // Issue the loads of step `it` (query head, query tile) into stage `st`.
   auto load_step = [&](int it, int st) {
@@ -151,58 +149,67 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const Bwd
     const int m0 = (m_first_tile + it % m_tiles) * kBlockM;
 
     // P^T = exp2(K Q^T * scale * log2 e - lse2[query]), rows = this warp's keys.
-    float acc_p[kBlockM / 8][4];
-#pragma unroll
-    for (int n = 0; n < kBlockM / 8; ++n) acc_p[n][0] = acc_p[n][1] = acc_p[n][2] = acc_p[n][3] = 0.f;
-    warp_gemm_nt<kD, kBlockM>(acc_p, sK, warp * 16, sQi);
+    float acc_p[kMT][kBlockM / 8][4] = {};
+    warp_gemm_nt<kMT, kD, kBlockM>(acc_p, sK, key_w - n0, sQi);
     // Causal: key j is visible to query i iff i >= j - shift; the tile needs the mask iff its
     // first query is below the threshold of this warp's last key.
-    const bool need_mask = s.causal && m0 < key_w + 15 - shift;
+    const bool need_mask = s.causal && m0 < key_w + 16 * kMT - 1 - shift;
 #pragma unroll
-    for (int n = 0; n < kBlockM / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int col = n * 8 + 2 * t + (e & 1);
-        float pv = exp2f(acc_p[n][e] * scale_log2 - lse2[col]);
-        if (need_mask && m0 + col < key_w + g + 8 * (e >> 1) - shift) pv = 0.f;
-        acc_p[n][e] = pv;
-      }
-    }
-    if constexpr (kDoV) warp_gemm_rn<kBlockM, kD>(acc_dv, acc_p, sdOi);
-
-    if constexpr (kDoK) {
-      // dS^T = P^T * (dP^T - Delta[query]) with dP^T = V dO^T.
-      float acc_dp[kBlockM / 8][4];
-#pragma unroll
-      for (int n = 0; n < kBlockM / 8; ++n) acc_dp[n][0] = acc_dp[n][1] = acc_dp[n][2] = acc_dp[n][3] = 0.f;
-      warp_gemm_nt<kD, kBlockM>(acc_dp, sV, warp * 16, sdOi);
+    for (int m = 0; m < kMT; ++m) {
 #pragma unroll
       for (int n = 0; n < kBlockM / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          acc_dp[n][e] = acc_p[n][e] * (acc_dp[n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+          const int col = n * 8 + 2 * t + (e & 1);
+          float pv = exp2f(acc_p[m][n][e] * scale_log2 - lse2[col]);
+          if (need_mask && m0 + col < key_w + 16 * m + g + 8 * (e >> 1) - shift) pv = 0.f;
+          acc_p[m][n][e] = pv;
         }
       }
-      warp_gemm_rn<kBlockM, kD>(acc_dk, acc_dp, sQi);
+    }
+    if constexpr (kDoV) warp_gemm_rn<kMT, kBlockM, kD>(acc_dv, acc_p, sdOi);
+
+    if constexpr (kDoK) {
+      // dS^T = P^T * (dP^T - Delta[query]) with dP^T = V dO^T.
+      float acc_dp[kMT][kBlockM / 8][4] = {};
+      warp_gemm_nt<kMT, kD, kBlockM>(acc_dp, sV, key_w - n0, sdOi);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+        for (int n = 0; n < kBlockM / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            acc_dp[m][n][e] = acc_p[m][n][e] * (acc_dp[m][n][e] - delta[n * 8 + 2 * t + (e & 1)]);
+          }
+        }
+      }
+      warp_gemm_rn<kMT, kBlockM, kD>(acc_dk, acc_dp, sQi);
     }
     __syncthreads();  // the stage read here is overwritten by the next iteration's prefetch
   }
 
   if constexpr (kDoK) {
     T* dk = static_cast<T*>(p.dk) + b * p.dk_stride[0] + hk * p.dk_stride[1];
-    store_rows<kD>(dk, p.dk_stride[2], key_w, s.nk, s.d, acc_dk, s.scale, s.scale);
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      store_rows<kD>(dk, p.dk_stride[2], key_w + 16 * m, s.nk, s.d, acc_dk[m], s.scale, s.scale);
+    }
   }
   if constexpr (kDoV) {
     T* dv = static_cast<T*>(p.dv) + b * p.dv_stride[0] + hk * p.dv_stride[1];
-    store_rows<kD>(dv, p.dv_stride[2], key_w, s.nk, s.d, acc_dv, 1.f, 1.f);
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      store_rows<kD>(dv, p.dv_stride[2], key_w + 16 * m, s.nk, s.d, acc_dv[m], 1.f, 1.f);
+    }
   }
 }
 
-template <int kD, int kWarps, int kBlockN>
+template <int kD, int kWarps, int kMTiles, int kBlockN>
 struct DqConfig {
   static constexpr int kHeadDim = kD;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = 16 * kWarps;  // queries per block
+  static constexpr int kMT = kMTiles;                   // m16 tiles (16 queries each) per warp
+  static constexpr int kBlockM = 16 * kMTiles * kWarps;  // queries per block
   static constexpr int kTileN = kBlockN;       // keys per step
   // sQ, sdO, then two stages of sK and sV.
   static constexpr int kSmemBytes = (2 * kBlockM + 4 * kBlockN) * kD * 2;
@@ -211,7 +218,7 @@ struct DqConfig {
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const BwdParams p) {
   constexpr int kD = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kTileN;
-  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sdO = sQ + kBlockM * kD;
@@ -219,7 +226,9 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const BwdPa
   T* sV = sK + 2 * kBlockN * kD;  // 2 stages
 
   const AttnShape& s = p.s;
-  const int m0 = blockIdx.x * kBlockM, h = blockIdx.y, b = blockIdx.z;
+  // Causal: the last query blocks see the most keys; launch them first for a better tail.
+  const int m_block = s.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int m0 = m_block * kBlockM, h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (s.hq / s.hkv);
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
   const T* dout = static_cast<const T*>(p.dout) + b * p.do_stride[0] + h * p.do_stride[1];
@@ -230,23 +239,25 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const BwdPa
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int row_w = m0 + warp * 16;
+  const int row_w = m0 + warp * 16 * kMT;  // first query of this warp
   const int shift = s.nk - s.nq;
   const int n_end = s.causal ? min(s.nk, m0 + kBlockM + shift) : s.nk;
   const int n_tiles = n_end > 0 ? ceil_div(n_end, kBlockN) : 0;
   const float scale_log2 = s.scale * kLog2e;
 
-  float lse2[2], delta[2];
+  // Lane-owned rows: (m, r) is query row_w + 16 m + g + 8 r.
+  float lse2[kMT][2], delta[kMT][2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row_w + g + 8 * r;
-    lse2[r] = row < s.nq ? p.lse2[row_base + row] : INFINITY;
-    delta[r] = row < s.nq ? p.delta[row_base + row] : 0.f;
+  for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row_w + 16 * m + g + 8 * r;
+      lse2[m][r] = row < s.nq ? p.lse2[row_base + row] : INFINITY;
+      delta[m][r] = row < s.nq ? p.delta[row_base + row] : 0.f;
+    }
   }
 
-  float acc_dq[kD / 8][4];
-#pragma unroll
-  for (int n = 0; n < kD / 8; ++n) acc_dq[n][0] = acc_dq[n][1] = acc_dq[n][2] = acc_dq[n][3] = 0.f;
+  float acc_dq[kMT][kD / 8][4] = {};
 
   if (n_tiles > 0) {
     load_tile<kBlockM, kD, kThreads>(sQ, q, p.q_stride[2], m0, s.nq, s.d);
@@ -273,33 +284,34 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const BwdPa
     const T* sKj = sK + (j & 1) * kBlockN * kD;
     const T* sVj = sV + (j & 1) * kBlockN * kD;
 
-    float acc_p[kBlockN / 8][4], acc_dp[kBlockN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc_p[n][e] = acc_dp[n][e] = 0.f;
-    }
-    warp_gemm_nt<kD, kBlockN>(acc_p, sQ, warp * 16, sKj);
-    warp_gemm_nt<kD, kBlockN>(acc_dp, sdO, warp * 16, sVj);
+    float acc_p[kMT][kBlockN / 8][4] = {}, acc_dp[kMT][kBlockN / 8][4] = {};
+    warp_gemm_nt<kMT, kD, kBlockN>(acc_p, sQ, row_w - m0, sKj);
+    warp_gemm_nt<kMT, kD, kBlockN>(acc_dp, sdO, row_w - m0, sVj);
 
     const bool need_mask = n0 + kBlockN > s.nk || (s.causal && n0 + kBlockN - 1 > row_w + shift);
 #pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) {
+    for (int m = 0; m < kMT; ++m) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        float pv = exp2f(acc_p[n][e] * scale_log2 - lse2[r]);
-        if (need_mask) {
-          const int col = n0 + n * 8 + 2 * t + (e & 1);
-          if (col >= s.nk || (s.causal && col > row_w + g + 8 * r + shift)) pv = 0.f;
+      for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          float pv = exp2f(acc_p[m][n][e] * scale_log2 - lse2[m][r]);
+          if (need_mask) {
+            const int col = n0 + n * 8 + 2 * t + (e & 1);
+            if (col >= s.nk || (s.causal && col > row_w + 16 * m + g + 8 * r + shift)) pv = 0.f;
+          }
+          acc_p[m][n][e] = pv * (acc_dp[m][n][e] - delta[m][r]);  // dS
         }
-        acc_p[n][e] = pv * (acc_dp[n][e] - delta[r]);  // dS
       }
     }
-    warp_gemm_rn<kBlockN, kD>(acc_dq, acc_p, sKj);
+    warp_gemm_rn<kMT, kBlockN, kD>(acc_dq, acc_p, sKj);
     __syncthreads();
   }
-  store_rows<kD>(dq, p.dq_stride[2], row_w, s.nq, s.d, acc_dq, s.scale, s.scale);
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+    store_rows<kD>(dq, p.dq_stride[2], row_w + 16 * m, s.nq, s.d, acc_dq[m], s.scale, s.scale);
+  }
 }
 
 }  // namespace flashprop

@@ -8,8 +8,8 @@
 //     an ldmatrix phase reads, same logical chunk, 8 consecutive rows, fall in 8 different
 //     16-byte bank groups: no bank conflicts, no padding.
 //   * Matrix products use mma.sync m16n8k16 (fp16/bf16 inputs, fp32 accumulators). A warp
-//     owns 16 rows of the output. The fragment layouts (PTX ISA, "Matrix fragments for
-//     mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
+//     owns 16 * kMT rows of the output (kMT m16 tiles). The fragment layouts (PTX ISA,
+//     "Matrix fragments for mma.m16n8k16"), with g = lane / 4 and t = lane % 4:
 //       A (16x16, row-major):  a0 = (g, 2t..2t+1)   a1 = (g+8, 2t..)   a2 = (g, 2t+8..)
 //                              a3 = (g+8, 2t+8..)
 //       B (16x8, "col"):       b0 = (k 2t..2t+1, n g)   b1 = (k 2t+8.., n g)
@@ -129,49 +129,65 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t row_st
 
 // ---- warp-level tile products --------------------------------------------------------------
 
-// acc[kN/8][4] += A * B^T for one warp: A = rows [a_row0, a_row0 + 16) of smem tile sA
-// (ROWS x kD), B = rows [0, kN) of smem tile sB (kN x kD); contraction over all kD columns.
-// Used for S = Q K^T, dP = dO V^T and their transposes K Q^T, V dO^T.
-template <int kD, int kN, typename T>
-__device__ __forceinline__ void warp_gemm_nt(float (*acc)[4], const T* sA, int a_row0,
+// acc[m][kN/8][4] += A_m * B^T for one warp and its kMT m16 tiles m: A_m = rows
+// [a_row0 + 16m, a_row0 + 16m + 16) of smem tile sA (ROWS x kD), B = rows [0, kN) of smem tile
+// sB (kN x kD); contraction over all kD columns. Each B fragment loaded is reused by the kMT
+// tiles (kMT = 2 halves the shared-memory traffic per mma). Used for S = Q K^T, dP = dO V^T and
+// their transposes K Q^T, V dO^T.
+template <int kMT, int kD, int kN, typename T>
+__device__ __forceinline__ void warp_gemm_nt(float (*acc)[kN / 8][4], const T* sA, int a_row0,
                                              const T* sB) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < kD; kk += 16) {
-    uint32_t a[4];
-    ldmatrix_x4(a, smem_addr(sA + swz<kD>(a_row0 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                          kk + (lane >> 4) * 8)));
+    uint32_t a[kMT][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      ldmatrix_x4(a[m], smem_addr(sA + swz<kD>(a_row0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                kk + (lane >> 4) * 8)));
+    }
 #pragma unroll
     for (int n = 0; n < kN; n += 16) {
       uint32_t b[4];
       ldmatrix_x4(b, smem_addr(sB + swz<kD>(n + (lane & 7) + (lane >> 4) * 8,
                                             kk + ((lane >> 3) & 1) * 8)));
-      ElemTraits<T>::mma(acc[n / 8], a, b[0], b[1]);
-      ElemTraits<T>::mma(acc[n / 8 + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+        ElemTraits<T>::mma(acc[m][n / 8], a[m], b[0], b[1]);
+        ElemTraits<T>::mma(acc[m][n / 8 + 1], a[m], b[2], b[3]);
+      }
     }
   }
 }
 
-// acc[kD/8][4] += P * B for one warp: P (16 x kK) is given as fp32 C fragments p[kK/8][4] of
-// this warp (rounded to T here), B = rows [0, kK) of smem tile sB (kK x kD, read transposed
-// with ldmatrix.trans). Used for O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.
-template <int kK, int kD, typename T>
-__device__ __forceinline__ void warp_gemm_rn(float (*acc)[4], const float (*p)[4], const T* sB) {
+// acc[m][kD/8][4] += P_m * B for one warp and its kMT m16 tiles: P_m (16 x kK) is given as fp32
+// C fragments p[m][kK/8][4] (rounded to T here), B = rows [0, kK) of smem tile sB (kK x kD, read
+// transposed with ldmatrix.trans). Used for O += P V, dQ += dS K, dV += P^T dO, dK += dS^T Q.
+template <int kMT, int kK, int kD, typename T>
+__device__ __forceinline__ void warp_gemm_rn(float (*acc)[kD / 8][4], const float (*p)[kK / 8][4],
+                                             const T* sB) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int kk = 0; kk < kK; kk += 16) {
     const int j = kk / 8;
-    const uint32_t a[4] = {ElemTraits<T>::pack(p[j][0], p[j][1]),
-                           ElemTraits<T>::pack(p[j][2], p[j][3]),
-                           ElemTraits<T>::pack(p[j + 1][0], p[j + 1][1]),
-                           ElemTraits<T>::pack(p[j + 1][2], p[j + 1][3])};
+    uint32_t a[kMT][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      a[m][0] = ElemTraits<T>::pack(p[m][j][0], p[m][j][1]);
+      a[m][1] = ElemTraits<T>::pack(p[m][j][2], p[m][j][3]);
+      a[m][2] = ElemTraits<T>::pack(p[m][j + 1][0], p[m][j + 1][1]);
+      a[m][3] = ElemTraits<T>::pack(p[m][j + 1][2], p[m][j + 1][3]);
+    }
 #pragma unroll
     for (int n = 0; n < kD; n += 16) {
       uint32_t b[4];
       ldmatrix_x4_trans(b, smem_addr(sB + swz<kD>(kk + (lane & 7) + ((lane >> 3) & 1) * 8,
                                                   n + (lane >> 4) * 8)));
-      ElemTraits<T>::mma(acc[n / 8], a, b[0], b[1]);
-      ElemTraits<T>::mma(acc[n / 8 + 1], a, b[2], b[3]);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+        ElemTraits<T>::mma(acc[m][n / 8], a[m], b[0], b[1]);
+        ElemTraits<T>::mma(acc[m][n / 8 + 1], a[m], b[2], b[3]);
+      }
     }
   }
 }

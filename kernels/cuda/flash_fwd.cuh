@@ -1,7 +1,8 @@
 // FlashAttention-2 forward kernel.
 //
-// One thread block computes kBlockM = 16 * kWarps query rows of one (batch, query head); warp w
-// owns rows [16w, 16w + 16) of the block. The block streams over key tiles of kBlockN keys:
+// One thread block computes kBlockM = 16 * kMT * kWarps query rows of one (batch, query head);
+// warp w owns rows [16 kMT w, 16 kMT (w + 1)) of the block. It streams over key tiles of kBlockN
+// keys:
 //
 //   S = Q K_j^T                      (mma, fp32; scaled into the log2 domain: S * scale * log2 e)
 //   mask: keys >= Nk, and for causal keys j > i + (Nk - Nq), get S = -inf
@@ -24,11 +25,12 @@
 
 namespace flashprop {
 
-template <int kD, int kWarps, int kBlockN>
+template <int kD, int kWarps, int kMTiles, int kBlockN>
 struct FwdConfig {
   static constexpr int kHeadDim = kD;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kMT = kMTiles;                // m16 tiles (16 query rows each) per warp
+  static constexpr int kBlockM = 16 * kMTiles * kWarps;
   static constexpr int kTileN = kBlockN;
   // sQ, then two stages of sK and sV.
   static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kD * 2;
@@ -37,14 +39,16 @@ struct FwdConfig {
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_kernel(const FwdParams p) {
   constexpr int kD = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kTileN;
-  constexpr int kThreads = Cfg::kThreads;
+  constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kBlockM * kD;      // 2 stages
   T* sV = sK + 2 * kBlockN * kD;  // 2 stages
 
   const AttnShape& s = p.s;
-  const int m0 = blockIdx.x * kBlockM, h = blockIdx.y, b = blockIdx.z;
+  // Causal: the last query blocks see the most keys; launch them first for a better tail.
+  const int m_block = s.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int m0 = m_block * kBlockM, h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (s.hq / s.hkv);
   const T* q = static_cast<const T*>(p.q) + b * p.q_stride[0] + h * p.q_stride[1];
   const T* k = static_cast<const T*>(p.k) + b * p.k_stride[0] + hk * p.k_stride[1];
@@ -54,17 +58,20 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_kernel(const FwdParam
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int row_w = m0 + warp * 16;  // first query row of this warp
-  const int shift = s.nk - s.nq;     // bottom-right causal offset
+  const int row_w = m0 + warp * 16 * kMT;  // first query row of this warp
+  const int shift = s.nk - s.nq;           // bottom-right causal offset
   const int n_end = s.causal ? min(s.nk, m0 + kBlockM + shift) : s.nk;
   const int n_tiles = n_end > 0 ? ceil_div(n_end, kBlockN) : 0;
   const float scale_log2 = s.scale * kLog2e;
 
-  float acc_o[kD / 8][4];
+  // Lane-owned rows: (m, r) is query row row_w + 16 m + g + 8 r.
+  float acc_o[kMT][kD / 8][4] = {};
+  float row_max[kMT][2], row_sum[kMT][2];  // running max (log2 units), this lane's partial sum
 #pragma unroll
-  for (int n = 0; n < kD / 8; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.f;
-  float row_max[2] = {-INFINITY, -INFINITY};  // running max of this lane's two rows (log2 units)
-  float row_sum[2] = {0.f, 0.f};              // this lane's partial sums (quad-reduced at the end)
+  for (int m = 0; m < kMT; ++m) {
+    row_max[m][0] = row_max[m][1] = -INFINITY;
+    row_sum[m][0] = row_sum[m][1] = 0.f;
+  }
 
   if (n_tiles > 0) {
     load_tile<kBlockM, kD, kThreads>(sQ, q, p.q_stride[2], m0, s.nq, s.d);
@@ -90,65 +97,77 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_kernel(const FwdParam
     const T* sKj = sK + (j & 1) * kBlockN * kD;
     const T* sVj = sV + (j & 1) * kBlockN * kD;
 
-    float acc_s[kBlockN / 8][4];
-#pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) acc_s[n][0] = acc_s[n][1] = acc_s[n][2] = acc_s[n][3] = 0.f;
-    warp_gemm_nt<kD, kBlockN>(acc_s, sQ, warp * 16, sKj);
+    float acc_s[kMT][kBlockN / 8][4] = {};
+    warp_gemm_nt<kMT, kD, kBlockN>(acc_s, sQ, row_w - m0, sKj);
 
-    // Scale into log2 units; mask only the tiles that cross Nk or the causal diagonal.
+    // Scale into log2 units (multiply first: right for any finite scale, zero or negative too);
+    // mask only the tiles that cross Nk or this warp's part of the causal diagonal.
     const bool need_mask = n0 + kBlockN > s.nk || (s.causal && n0 + kBlockN - 1 > row_w + shift);
 #pragma unroll
-    for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = acc_s[n][e] * scale_log2;
-        if (need_mask) {
-          const int col = n0 + n * 8 + 2 * t + (e & 1);
-          const int row = row_w + g + 8 * (e >> 1);
-          if (col >= s.nk || (s.causal && col > row + shift)) x = -INFINITY;
-        }
-        acc_s[n][e] = x;
-      }
-    }
-
-    // Online softmax update of the two rows this lane holds.
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = row_max[r];
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) mx = fmaxf(mx, fmaxf(acc_s[n][2 * r], acc_s[n][2 * r + 1]));
-      mx = quad_max(mx);
-      const float m_use = mx == -INFINITY ? 0.f : mx;  // fully masked so far: avoid inf - inf
-      const float alpha = exp2f(row_max[r] - m_use);
-      row_max[r] = mx;
-      float sum = 0.f;
+    for (int m = 0; m < kMT; ++m) {
 #pragma unroll
       for (int n = 0; n < kBlockN / 8; ++n) {
-        acc_s[n][2 * r] = exp2f(acc_s[n][2 * r] - m_use);
-        acc_s[n][2 * r + 1] = exp2f(acc_s[n][2 * r + 1] - m_use);
-        sum += acc_s[n][2 * r] + acc_s[n][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha + sum;
 #pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        acc_o[n][2 * r] *= alpha;
-        acc_o[n][2 * r + 1] *= alpha;
+        for (int e = 0; e < 4; ++e) {
+          float x = acc_s[m][n][e] * scale_log2;
+          if (need_mask) {
+            const int col = n0 + n * 8 + 2 * t + (e & 1);
+            const int row = row_w + 16 * m + g + 8 * (e >> 1);
+            if (col >= s.nk || (s.causal && col > row + shift)) x = -INFINITY;
+          }
+          acc_s[m][n][e] = x;
+        }
       }
     }
 
-    warp_gemm_rn<kBlockN, kD>(acc_o, acc_s, sVj);
+    // Online softmax update of the 2 kMT rows this lane holds.
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kBlockN / 8; ++n) {
+          mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
+        }
+        mx = fmaxf(row_max[m][r], quad_max(mx));
+        const float m_use = mx == -INFINITY ? 0.f : mx;  // fully masked so far: avoid inf - inf
+        const float alpha = exp2f(row_max[m][r] - m_use);
+        row_max[m][r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+          for (int e = 2 * r; e < 2 * r + 2; ++e) {
+            acc_s[m][n][e] = exp2f(acc_s[m][n][e] - m_use);
+            sum += acc_s[m][n][e];
+          }
+        }
+        row_sum[m][r] = row_sum[m][r] * alpha + sum;
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          acc_o[m][n][2 * r] *= alpha;
+          acc_o[m][n][2 * r + 1] *= alpha;
+        }
+      }
+    }
+
+    warp_gemm_rn<kMT, kBlockN, kD>(acc_o, acc_s, sVj);
     __syncthreads();  // the stage read here is overwritten by the next iteration's prefetch
   }
 
-  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float l = quad_sum(row_sum[r]);
-    inv[r] = l > 0.f ? 1.f / l : 0.f;
-    const int row = row_w + g + 8 * r;
-    if (t == 0 && row < s.nq) lse[row] = l > 0.f ? (row_max[r] + log2f(l)) * kLn2 : -INFINITY;
+  for (int m = 0; m < kMT; ++m) {
+    float inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float l = quad_sum(row_sum[m][r]);
+      inv[r] = l > 0.f ? 1.f / l : 0.f;
+      const int row = row_w + 16 * m + g + 8 * r;
+      if (t == 0 && row < s.nq) lse[row] = l > 0.f ? (row_max[m][r] + log2f(l)) * kLn2 : -INFINITY;
+    }
+    store_rows<kD>(o, p.o_stride[2], row_w + 16 * m, s.nq, s.d, acc_o[m], inv[0], inv[1]);
   }
-  store_rows<kD>(o, p.o_stride[2], row_w, s.nq, s.d, acc_o, inv[0], inv[1]);
 }
 
 }  // namespace flashprop

@@ -7,6 +7,13 @@
 #include "flash_bwd.cuh"
 #include "flash_fwd.cuh"
 
+// Keys per tile of the d <= 128 forward; a build flag so tile sizes can be compared in one
+// session (FLASHPROP_CUDA_FLAGS in kernels/cuda_attention.py). 64: 88 bytes of register spills,
+// 32: none.
+#ifndef FLASHPROP_FWD128_BLOCK_N
+#define FLASHPROP_FWD128_BLOCK_N 64
+#endif
+
 namespace flashprop {
 namespace {
 
@@ -40,13 +47,14 @@ cudaError_t run_dq(const BwdParams& p, cudaStream_t stream) {
   return launch(flash_bwd_dq_kernel<T, Cfg>, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, p);
 }
 
-// Tile shapes per padded head dim: FwdConfig<kD, warps, keys per tile>,
-// DkDvConfig<kD, warps, queries per step, dK, dV>, DqConfig<kD, warps, keys per tile>.
+// Tile shapes per padded head dim: FwdConfig<kD, warps, m16 tiles per warp, keys per tile>,
+// DkDvConfig<kD, warps, m16 tiles per warp, queries per step, dK, dV>,
+// DqConfig<kD, warps, m16 tiles per warp, keys per tile>.
 template <typename T>
 cudaError_t fwd_dispatch(const FwdParams& p, cudaStream_t stream) {
-  if (p.s.d <= 64) return run_fwd<T, FwdConfig<64, 8, 128>>(p, stream);
-  if (p.s.d <= 128) return run_fwd<T, FwdConfig<128, 8, 64>>(p, stream);
-  if (p.s.d <= 256) return run_fwd<T, FwdConfig<256, 4, 32>>(p, stream);
+  if (p.s.d <= 64) return run_fwd<T, FwdConfig<64, 4, 2, 64>>(p, stream);
+  if (p.s.d <= 128) return run_fwd<T, FwdConfig<128, 4, 2, FLASHPROP_FWD128_BLOCK_N>>(p, stream);
+  if (p.s.d <= 256) return run_fwd<T, FwdConfig<256, 4, 1, 32>>(p, stream);
   return cudaErrorInvalidValue;
 }
 
@@ -61,15 +69,15 @@ cudaError_t bwd_dispatch(const BwdParams& p, cudaStream_t stream) {
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   if (p.s.d <= 64) {
-    err = run_dkdv<T, DkDvConfig<64, 8, 64, true, true>>(p, stream);
-    if (err == cudaSuccess) err = run_dq<T, DqConfig<64, 8, 64>>(p, stream);
+    err = run_dkdv<T, DkDvConfig<64, 4, 2, 32, true, true>>(p, stream);
+    if (err == cudaSuccess) err = run_dq<T, DqConfig<64, 4, 2, 32>>(p, stream);
   } else if (p.s.d <= 128) {
-    err = run_dkdv<T, DkDvConfig<128, 8, 64, true, true>>(p, stream);
-    if (err == cudaSuccess) err = run_dq<T, DqConfig<128, 8, 64>>(p, stream);
+    err = run_dkdv<T, DkDvConfig<128, 8, 1, 64, true, true>>(p, stream);
+    if (err == cudaSuccess) err = run_dq<T, DqConfig<128, 8, 1, 64>>(p, stream);
   } else {
-    err = run_dkdv<T, DkDvConfig<256, 4, 16, true, false>>(p, stream);
-    if (err == cudaSuccess) err = run_dkdv<T, DkDvConfig<256, 4, 32, false, true>>(p, stream);
-    if (err == cudaSuccess) err = run_dq<T, DqConfig<256, 4, 32>>(p, stream);
+    err = run_dkdv<T, DkDvConfig<256, 4, 1, 16, true, false>>(p, stream);
+    if (err == cudaSuccess) err = run_dkdv<T, DkDvConfig<256, 4, 1, 32, false, true>>(p, stream);
+    if (err == cudaSuccess) err = run_dq<T, DqConfig<256, 4, 1, 32>>(p, stream);
   }
   return err;
 }
