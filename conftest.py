@@ -74,6 +74,7 @@ def _device(config: pytest.Config) -> str:
     return dev
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
