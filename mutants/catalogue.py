@@ -273,11 +273,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "            visible = (offs_n < n_k)[None, :]\n"
         "            if CAUSAL:\n"
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
-        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        '            s = tl.where(visible, s, float("-inf"))\n',
         "            visible = (offs_n >= 0)[None, :]\n"
         "            if CAUSAL:\n"
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
-        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        '            s = tl.where(visible, s, float("-inf"))\n',
         "tail tile not masked",
         "The forward's masked tile drops the keys < n_k test: keys past the end, loaded as 0, "
         "score 0 and take softmax weight. jax-ml/jax#27224 (Pallas Triton-backend FlashAttention "
@@ -287,9 +287,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "triton_diagonal_strict",
         TRITON,
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
-        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        '            s = tl.where(visible, s, float("-inf"))\n',
         "                visible = visible & (offs_n[None, :] < offs_m[:, None] + (n_k - n_q))\n"
-        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        '            s = tl.where(visible, s, float("-inf"))\n',
         "diagonal masked off by one",
         "The forward's causal mask uses < instead of <=, hiding each query's diagonal key (only in "
         "the forward: the backward still uses <=).",
@@ -297,7 +297,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_masked_fill_finite",
         TRITON,
-        "            s = tl.where(visible, s, float(\"-inf\"))\n",
+        '            s = tl.where(visible, s, float("-inf"))\n',
         "            s = tl.where(visible, s, -1.0e30)\n",
         "mean(V) on fully masked rows",
         "Masked scores are filled with a finite -1e30 instead of -inf: fine while a row has one "
@@ -308,7 +308,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_empty_rows_nan",
         TRITON,
-        "            m_sub = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n",
+        '            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)\n',
         "            m_sub = m_new\n",
         "NaN on fully masked rows",
         "The forward drops the guard that subtracts 0 instead of -inf for rows that have seen no "
@@ -398,8 +398,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_head_dim_capped_64",
         TRITON,
-        "\"BLOCK_D\": _pow2_dim(d), \"BLOCK_DV\": _pow2_dim(dv),",
-        "\"BLOCK_D\": min(64, _pow2_dim(d)), \"BLOCK_DV\": min(64, _pow2_dim(dv)),",
+        '"BLOCK_D": _pow2_dim(d), "BLOCK_DV": _pow2_dim(dv),',
+        '"BLOCK_D": min(64, _pow2_dim(d)), "BLOCK_DV": min(64, _pow2_dim(dv)),',
         "head dims above 64 dropped",
         "Head-dim tiles are capped at 64 columns: dims past 64 are neither read nor written. "
         "triton-lang/triton#621 (the tutorial FlashAttention computed with q[..., :64] when "
@@ -408,12 +408,22 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_acc_fp16",
         TRITON,
-        "\"ACC_DTYPE\": tl.float64 if q.dtype == torch.float64 else tl.float32,",
-        "\"ACC_DTYPE\": {torch.float64: tl.float64, torch.float16: tl.float16}.get(q.dtype, tl.float32),",
+        "        l_i = l_i * alpha + tl.sum(p, 1)\n"
+        "        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,\n"
+        "                       HEAD_DIM_V, BLOCK_DV, MASKED)\n"
+        "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n"
+        "                     out_dtype=acc.dtype)\n",
+        "        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,\n"
+        "                       HEAD_DIM_V, BLOCK_DV, MASKED)\n"
+        "        l_i = (l_i * alpha + tl.sum(p, 1)).to(v.dtype).to(l_i.dtype)\n"
+        "        acc = tl.dot(p.to(v.dtype), v, (acc * alpha[:, None]).to(v.dtype),\n"
+        "                     input_precision=PRECISION, out_dtype=v.dtype).to(acc.dtype)\n",
         "low-precision accumulation",
-        "fp16 inputs accumulate m, l, the output and the gradients in fp16 instead of fp32. "
-        "mlc-ai/mlc-llm#1870, apache/tvm#16667 (attention without fp32 accumulation), "
-        "Dao-AILab/flash-attention#543 (FP16 accumulation trade-off).",
+        "The forward keeps its running sum l and output accumulator in the input dtype between key "
+        "tiles (fp16 registers, fp16 MMA accumulation): fp32 and fp64 runs are unchanged, fp16 "
+        "errors grow with the sequence. mlc-ai/mlc-llm#1870 and apache/tvm#16667 (attention "
+        "kernels fixed to accumulate in fp32), Dao-AILab/flash-attention#543 (FP16 accumulation "
+        "trade-off), thu-ml/SageAttention#93 (pv_accum fp16).",
     ),
 )
 

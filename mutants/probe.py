@@ -6,6 +6,10 @@ passes through ``record``) and, at the end of the session, writes JSON to that f
 ``examples`` (examples run before and including the first failing one, over all properties),
 ``seconds`` (from the end of collection to that failure), ``property`` (the first failing
 property), and ``failure`` (the last failure message: after shrinking, the minimal problem).
+
+``FLASHPROP_SHRINK_SECONDS`` caps the time Hypothesis spends shrinking a failure (its private
+``MAX_SHRINKING_SECONDS``, 300 s by default), so a slow kernel cannot spend its whole budget
+shrinking.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import pytest
 
 OUT_ENV = "FLASHPROP_PROBE_OUT"
+SHRINK_ENV = "FLASHPROP_SHRINK_SECONDS"
 
 
 class Probe:
@@ -49,6 +54,15 @@ class Probe:
 
 
 _PROBE: Probe | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Cap Hypothesis' shrinking time when ``FLASHPROP_SHRINK_SECONDS`` is set."""
+    seconds = os.environ.get(SHRINK_ENV)
+    if seconds:
+        from hypothesis.internal.conjecture import engine
+
+        engine.MAX_SHRINKING_SECONDS = float(seconds)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
