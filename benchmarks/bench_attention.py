@@ -144,4 +144,3 @@ def test_attention_speed(
         peak_mem_bytes=peak,
         ratios=ratios,
     )
-

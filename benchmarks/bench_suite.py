@@ -1,50 +1,51 @@
 """The CPU gate: the suite's own hot paths, timed against a calibration anchor in the same run.
 
-Each benchmark reports ``ratios = {"calibration": anchor seconds / benchmark seconds}``, where
-the anchor (:mod:`benchmarks.calibration`, plain dense float64 attention on a fixed problem) is
-re-measured right after the benchmark, so slow or busy CI machines move both sides alike. The
-hot paths:
+Every round of a benchmark is preceded by one run of its anchor (:mod:`benchmarks.calibration`:
+plain dense float64 attention, a large problem for BLAS-bound paths, many tiny ones for
+overhead-bound paths), and the gated number is the median over rounds of ``anchor seconds /
+benchmark seconds``. Both are timed in process CPU time with torch single-threaded, so a busy
+or slower CI machine moves both sides alike (on a 2-core box shared with other jobs, wall-clock
+time mostly measures the neighbours). The hot paths and their anchors:
 
-- ``golden``: :func:`refimpl.golden.attention_golden` (streaming float64) and its backward,
-  on the calibration problem itself;
-- ``ref-blocked``: :func:`refimpl.blocked.attention` forward and backward on a fixed problem;
-- ``triton``: the Triton kernel under ``TRITON_INTERPRET=1`` on a fixed small problem (skipped
-  with the reason when it cannot load);
-- ``hypothesis``: examples per second of the forward-vs-golden property for ``ref-blocked``
-  (problems drawn by :func:`properties.strategies.problems`, judged by properties.check).
-
-Torch runs single-threaded here: a CI box has 2 cores, and one thread is what keeps the ratio
-steady when something else runs on the other core.
+- ``golden`` (large): :func:`refimpl.golden.attention_golden` (streaming float64, two key
+  chunks) and its backward;
+- ``ref-blocked`` (tiny): :func:`refimpl.blocked.attention` forward and backward, fixed problem;
+- ``triton`` (tiny): the Triton kernel under ``TRITON_INTERPRET=1`` on a fixed small problem
+  (skipped with the reason when it cannot load);
+- ``hypothesis`` (tiny): examples per second of the forward-vs-golden property for
+  ``ref-blocked`` (problems from :func:`properties.strategies.problems`, judged by
+  properties.check).
 """
 
 from __future__ import annotations
 
+import statistics
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 
-from benchmarks.calibration import (
-    CALIBRATION_SHAPE,
-    calibration_inputs,
-    plain_dense_attention_f64,
-)
+from benchmarks.calibration import ANCHORS, calibration_inputs
 from benchmarks.conftest import BenchState
-from benchmarks.timing import L2Flush, median_seconds
 from kernels.registry import Kernel
 from properties.check import assert_close_to_golden, references, run_kernel
 from properties.problem import Problem
 from properties.strategies import Sizes, problems
-from refimpl.golden import attention_golden, attention_golden_backward
+from refimpl.golden import DEFAULT_CHUNK, attention_golden, attention_golden_backward
 
-#: Rounds of the anchor measured after each benchmark (median taken).
-ANCHOR_ROUNDS = 5
+#: Timed rounds per benchmark, each paired with one anchor run.
+ROUNDS = 11
+GOLDEN_SHAPE = (1, 2, 2 * DEFAULT_CHUNK, 64)
 BLOCKED_PROBLEM = Problem(b=1, hq=2, hkv=2, nq=256, nk=256, d=64, dv=64, causal=True, seed=1)
 TRITON_PROBLEM = Problem(b=1, hq=2, hkv=2, nq=64, nk=64, d=32, dv=32, causal=True, seed=2)
 #: Examples per timed call of the property (more than the 16 cached references).
 EXAMPLES = 20
 PROPERTY_SIZES = Sizes(max_n=48, max_work=400_000)
+
+pytestmark = pytest.mark.benchmark(group="cpu gate", timer=time.process_time)
+
 
 @pytest.fixture(scope="module", autouse=True)
 def single_thread() -> Iterator[None]:
@@ -54,61 +55,57 @@ def single_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-def anchor_seconds() -> float:
-    """Median seconds of the calibration anchor, measured now."""
-    q, k, v = calibration_inputs()
-    flush = L2Flush("cpu")
-    return median_seconds(lambda: plain_dense_attention_f64(q, k, v), "cpu", flush)
+def shape_label(shape: tuple[int, ...], dtype: torch.dtype, causal: bool = False) -> str:
+    mask = " causal" if causal else ""
+    return "x".join(map(str, shape)) + f" {str(dtype).removeprefix('torch.')}{mask}"
 
 
-def gated(benchmark, name: str, config: str, fn: Callable[[], object], **info) -> None:
-    """Benchmark ``fn``, then the anchor; record the ratio the gate compares."""
-    benchmark.group = "cpu gate"
-    benchmark(fn)
-    seconds = benchmark.stats.stats.median
-    anchor = anchor_seconds()
+LARGE, TINY = ANCHORS
+
+
+def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: str, **info):
+    """Benchmark ``fn`` with an anchor run before each round; record the gated ratio."""
+    anchor_fn = ANCHORS[anchor]()
+    anchor_times: list[float] = []
+
+    def timed_anchor() -> None:
+        start = time.process_time()
+        anchor_fn()
+        anchor_times.append(time.process_time() - start)
+
+    benchmark.pedantic(fn, setup=timed_anchor, rounds=ROUNDS, warmup_rounds=1)
+    times = benchmark.stats.stats.data
+    pairs = [a / max(t, 1e-9) for a, t in zip(anchor_times[-len(times) :], times, strict=True)]
     benchmark.extra_info.update(
         kernel=name,
         config=config,
-        median_s=seconds,
-        anchor_s=anchor,
-        ratios={"calibration": anchor / seconds},
+        median_s=statistics.median(times),
+        anchor_s=statistics.median(anchor_times),
+        ratios={anchor: statistics.median(pairs)},
         **info,
     )
 
 
-def shape_label(p: Problem) -> str:
-    dtype = str(p.dtype).removeprefix("torch.")
-    mask = " causal" if p.causal else ""
-    return f"{p.b}x{p.hq}x{p.nq}x{p.d} {dtype}{mask}"
-
-
-CALIBRATION_LABEL = "{}x{}x{}x{} float64".format(*CALIBRATION_SHAPE)
-
-
-def test_calibration_anchor(benchmark) -> None:
-    """The anchor itself (ungated): shows how fast this machine is."""
-    q, k, v = calibration_inputs()
-    benchmark.group = "cpu gate"
-    benchmark(plain_dense_attention_f64, q, k, v)
+@pytest.mark.parametrize("anchor", ANCHORS)
+def test_calibration_anchor(benchmark, anchor: str) -> None:
+    """An anchor itself (ungated): how fast this machine is."""
+    benchmark.pedantic(ANCHORS[anchor](), rounds=ROUNDS, warmup_rounds=1)
     benchmark.extra_info.update(
-        kernel="calibration", config=f"fwd {CALIBRATION_LABEL}",
-        median_s=benchmark.stats.stats.median,
+        kernel=anchor, config="calibration", median_s=benchmark.stats.stats.median
     )
 
 
 def test_golden_forward(benchmark) -> None:
-    q, k, v = calibration_inputs()
-    gated(benchmark, "golden", f"fwd {CALIBRATION_LABEL}", lambda: attention_golden(q, k, v))
+    q, k, v = calibration_inputs(GOLDEN_SHAPE)
+    config = f"fwd {shape_label(GOLDEN_SHAPE, torch.float64)}"
+    gated(benchmark, "golden", config, lambda: attention_golden(q, k, v), LARGE)
 
 
 def test_golden_backward(benchmark) -> None:
-    q, k, v = calibration_inputs()
+    q, k, v = calibration_inputs(GOLDEN_SHAPE)
     do = torch.randn_like(q)
-    gated(
-        benchmark, "golden", f"bwd {CALIBRATION_LABEL}",
-        lambda: attention_golden_backward(q, k, v, do),
-    )
+    config = f"bwd {shape_label(GOLDEN_SHAPE, torch.float64)}"
+    gated(benchmark, "golden", config, lambda: attention_golden_backward(q, k, v, do), LARGE)
 
 
 def forward_backward(kern: Kernel, p: Problem) -> Callable[[], object]:
@@ -123,6 +120,10 @@ def forward_backward(kern: Kernel, p: Problem) -> Callable[[], object]:
     return call
 
 
+def problem_label(p: Problem) -> str:
+    return shape_label((p.b, p.hq, p.nq, p.d), p.dtype, p.causal)
+
+
 def loaded(bench_state: BenchState, name: str) -> Kernel:
     kern = bench_state.load(name)
     if isinstance(kern, str):
@@ -133,7 +134,8 @@ def loaded(bench_state: BenchState, name: str) -> Kernel:
 def test_blocked_forward_backward(benchmark, bench_state: BenchState) -> None:
     kern = loaded(bench_state, "ref-blocked")
     p = BLOCKED_PROBLEM
-    gated(benchmark, "ref-blocked", f"fwd+bwd {shape_label(p)}", forward_backward(kern, p))
+    config = f"fwd+bwd {problem_label(p)}"
+    gated(benchmark, "ref-blocked", config, forward_backward(kern, p), TINY)
 
 
 def test_triton_interpreter(benchmark, bench_state: BenchState) -> None:
@@ -142,10 +144,11 @@ def test_triton_interpreter(benchmark, bench_state: BenchState) -> None:
     if (reason := kern.capabilities.unsupported_reason(p)) is not None:
         pytest.skip(f"triton does not declare {p.describe()}: {reason}")
     if kern.capabilities.backward:
-        gated(benchmark, "triton", f"fwd+bwd {shape_label(p)}", forward_backward(kern, p))
+        gated(benchmark, "triton", f"fwd+bwd {problem_label(p)}", forward_backward(kern, p), TINY)
         return
     q, k, v = p.inputs()
-    gated(benchmark, "triton", f"fwd {shape_label(p)}", lambda: kern(q, k, v, causal=p.causal))
+    call = lambda: kern(q, k, v, causal=p.causal)  # noqa: E731
+    gated(benchmark, "triton", f"fwd {problem_label(p)}", call, TINY)
 
 
 def test_hypothesis_examples_per_second(benchmark, bench_state: BenchState) -> None:
@@ -153,8 +156,12 @@ def test_hypothesis_examples_per_second(benchmark, bench_state: BenchState) -> N
     kern = loaded(bench_state, "ref-blocked")
 
     @settings(
-        max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-        phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck),
+        max_examples=EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
     )
     @given(problems(kern.capabilities, device="cpu", sizes=PROPERTY_SIZES))
     def forward_property(problem: Problem) -> None:
@@ -165,5 +172,6 @@ def test_hypothesis_examples_per_second(benchmark, bench_state: BenchState) -> N
         references.cache_clear()
         forward_property()
 
-    gated(benchmark, "hypothesis", f"forward property, ref-blocked, {EXAMPLES} examples", run)
+    config = f"forward property, ref-blocked, {EXAMPLES} examples"
+    gated(benchmark, "hypothesis", config, run, TINY)
     benchmark.extra_info["examples_per_s"] = EXAMPLES / benchmark.extra_info["median_s"]

@@ -92,8 +92,16 @@ class Config:
     def problem(self) -> Problem:
         """The :class:`Problem` a kernel's capabilities are asked about."""
         return Problem(
-            b=self.b, hq=self.h, hkv=self.h, nq=self.n, nk=self.n, d=self.d, dv=self.d,
-            dtype=self.torch_dtype, causal=self.causal, device=self.device,
+            b=self.b,
+            hq=self.h,
+            hkv=self.h,
+            nq=self.n,
+            nk=self.n,
+            d=self.d,
+            dv=self.d,
+            dtype=self.torch_dtype,
+            causal=self.causal,
+            device=self.device,
         )
 
     def inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:

@@ -88,6 +88,4 @@ def warm_up(fn: Callable[[], object], device: str, flush: L2Flush, calls: int = 
 def median_seconds(fn: Callable[[], object], device: str, flush: L2Flush) -> float:
     """Median seconds of ``fn`` with the same protocol as the pytest-benchmark path."""
     per_call = warm_up(fn, device, flush)
-    return statistics.median(
-        time_once(fn, device, flush) for _ in range(rounds_for(per_call))
-    )
+    return statistics.median(time_once(fn, device, flush) for _ in range(rounds_for(per_call)))

@@ -1,0 +1,112 @@
+"""Memory growth: peak extra memory of a kernel at N and 4N must grow like N, not N^2.
+
+For each kernel the peak extra memory of one call (forward and backward when declared) is
+measured at two sequence lengths with B = 1 and H fixed, and the growth exponent
+``log(peak(4N) / peak(N)) / log 4`` must stay below 1.5 (O(N): about 1, O(N^2): about 2). A
+kernel that materialises the score matrix (``sdpa-math`` on CUDA, the dense calibration anchor
+on CPU) is measured too as the control: it must come out above 1.5, which shows that the
+measurement can tell the two apart. Results go to ``extra_info`` (``mem_*`` keys); the timing
+is of one call at 4N.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from benchmarks.bench_attention import make_call, skip_reason
+from benchmarks.calibration import plain_dense_attention_f64
+from benchmarks.conftest import BenchState, bench_device, kernel_names
+from benchmarks.grid import Config
+from benchmarks.memory import cpu_peak_supported, growth_exponent, peak_extra_bytes
+from refimpl.golden import attention_golden
+
+#: (N, 4N), heads, head dim, dtype per device.
+SHAPES = {"cuda": ((2048, 8192), 16, 64, "bfloat16"), "cpu": ((1024, 4096), 1, 64, "float32")}
+#: Kernels whose score matrix is materialised: the control, expected to grow like N^2.
+QUADRATIC_CONTROLS = {"cuda": "sdpa-math", "cpu": "dense-f64"}
+#: CPU functions measured besides registered kernels: the streaming golden and the control.
+CPU_FUNCTIONS = {"golden": attention_golden, "dense-f64": plain_dense_attention_f64}
+#: Registered kernels whose memory is meaningful on the CPU (the interpreter's is not).
+CPU_KERNELS = ("ref-blocked",)
+LINEAR_LIMIT = 1.5
+#: Peaks below this are noise (page granularity, allocator slack) and are clamped to it.
+FLOOR_BYTES = 1 << 20
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "memory_case" not in metafunc.fixturenames:
+        return
+    device = bench_device(metafunc.config)
+    if device == "cuda":
+        names = list(kernel_names(metafunc.config))
+        names += [QUADRATIC_CONTROLS["cuda"]] if QUADRATIC_CONTROLS["cuda"] not in names else []
+    else:
+        names = [*CPU_FUNCTIONS, *(k for k in kernel_names(metafunc.config) if k in CPU_KERNELS)]
+    metafunc.parametrize("memory_case", names)
+
+
+def config_at(device: str, n: int) -> Config:
+    _, h, d, dtype = SHAPES[device]
+    mode = "fwd+bwd" if device == "cuda" else "fwd"
+    return Config(
+        n=n, d=d, causal=False, dtype=dtype, mode=mode, tokens=n, hidden=h * d, device=device
+    )
+
+
+def calls(name: str, state: BenchState) -> tuple[Callable[[], object], Callable[[], object]]:
+    """The calls at N and 4N for ``name`` (skips with the reason when it cannot run)."""
+    device = state.device
+    small, large = (config_at(device, n) for n in SHAPES[device][0])
+    if name in CPU_FUNCTIONS and device == "cpu":
+        fn = CPU_FUNCTIONS[name]
+        made = []
+        for cfg in (small, large):
+            q, k, v, _ = cfg.inputs()
+            made.append(lambda q=q, k=k, v=v: fn(q, k, v))
+        return made[0], made[1]
+    kern = state.load(name)
+    for cfg in (small, large):
+        if (reason := skip_reason(kern, name, cfg)) is not None:
+            pytest.skip(reason)
+    return make_call(kern, small), make_call(kern, large)
+
+
+def test_memory_grows_linearly(memory_case: str, benchmark, bench_state: BenchState) -> None:
+    """Peak extra memory at 4N is about 4x (not 16x) that at N; the control grows ~16x."""
+    device = bench_state.device
+    if device == "cpu" and (reason := cpu_peak_supported()) is not None:
+        pytest.skip(reason)
+    small, large = calls(memory_case, bench_state)
+    (n1, n2) = SHAPES[device][0]
+    try:
+        small()  # compile / autotune outside the measurement
+        peak1 = max(FLOOR_BYTES, peak_extra_bytes(small, device))
+        peak2 = max(FLOOR_BYTES, peak_extra_bytes(large, device))
+    except (ValueError, TypeError, NotImplementedError) as err:
+        pytest.skip(f"{memory_case} refused the problem: {type(err).__name__}: {err}")
+    except torch.cuda.OutOfMemoryError as err:
+        torch.cuda.empty_cache()
+        pytest.skip(f"{memory_case}: out of memory ({err})")
+    exponent = growth_exponent(n1, peak1, n2, peak2)
+    benchmark.group = "memory growth"
+    benchmark.pedantic(large, rounds=1, iterations=1)
+    benchmark.extra_info.update(
+        kernel=memory_case,
+        config=f"memory N={n1} vs N={n2}",
+        device=device,
+        mem_n=[n1, n2],
+        mem_peak_bytes=[peak1, peak2],
+        mem_exponent=exponent,
+    )
+    control = memory_case == QUADRATIC_CONTROLS[device]
+    detail = (
+        f"{memory_case}: peak extra {peak1 / 2**20:.1f} MiB at N={n1}, "
+        f"{peak2 / 2**20:.1f} MiB at N={n2}: growth exponent {exponent:.2f}"
+    )
+    if control:
+        assert exponent > LINEAR_LIMIT, f"control should grow like N^2: {detail}"
+    else:
+        assert exponent < LINEAR_LIMIT, f"memory is not O(N): {detail}"

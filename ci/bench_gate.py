@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""The benchmark gate: compare a run's anchor ratios with the committed baseline of the machine.
+
+A run is one or more pytest-benchmark ``--benchmark-json`` files from ``benchmarks/``. Every
+gated benchmark has ``extra_info["ratios"] = {anchor: anchor seconds / kernel seconds}``, the
+anchor being measured in the same run (SDPA flash and cuDNN on a GPU, the plain float64
+calibration workload on a CPU), so the ratio does not move with the machine, only with the code.
+
+    python ci/bench_gate.py ci/baselines/cpu.json results.json       # gate: exit 1 on regression
+    python ci/bench_gate.py --update ci/baselines/cpu.json r1.json r2.json  # write the baseline
+
+A row regresses when ``now < baseline * (1 - tolerance)``. The tolerance is stored in the
+baseline (``--tolerance`` overrides it); defaults: 25% on CUDA, 35% on CPU (a 2x slowdown is
+-50%). Baselines written from several runs keep the median ratio of each row.
+Exit codes: 0 pass, 1 regression, 2 usage error (no baseline, no gated benchmark in the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.35}
+METRIC = "anchor seconds / kernel seconds, both from the same run (higher is faster)"
+
+Ratios = dict[tuple[str, str, str], float]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One compared ratio: kernel, configuration, anchor, baseline and current values."""
+
+    kernel: str
+    config: str
+    anchor: str
+    baseline: float | None
+    now: float | None
+    tolerance: float
+
+    @property
+    def change(self) -> float | None:
+        if self.baseline is None or self.now is None:
+            return None
+        return self.now / self.baseline - 1.0
+
+    @property
+    def status(self) -> str:
+        if self.now is None:
+            return "missing"
+        if self.baseline is None:
+            return "new"
+        if self.change < -self.tolerance:
+            return "REGRESSION"
+        if self.change > self.tolerance:
+            return "faster (update baseline?)"
+        return "ok"
+
+
+def load_run(paths: list[Path]) -> tuple[Ratios, str]:
+    """Median ratio per (kernel, config, anchor) over the given JSON files, and the device."""
+    samples: dict[tuple[str, str, str], list[float]] = {}
+    devices = set()
+    for path in paths:
+        data = json.loads(path.read_text())
+        for bench in data.get("benchmarks", []):
+            info = bench.get("extra_info", {})
+            devices.add(info.get("device", "cpu"))
+            for anchor, ratio in info.get("ratios", {}).items():
+                key = (info["kernel"], info["config"], anchor)
+                samples.setdefault(key, []).append(float(ratio))
+    device = "cuda" if "cuda" in devices else "cpu"
+    return {key: statistics.median(vals) for key, vals in samples.items()}, device
+
+
+def load_baseline(path: Path) -> tuple[Ratios, dict]:
+    data = json.loads(path.read_text())
+    ratios = {
+        (kernel, config, anchor): value
+        for kernel, configs in data["entries"].items()
+        for config, anchors in configs.items()
+        for anchor, value in anchors.items()
+    }
+    return ratios, data
+
+
+def write_baseline(path: Path, run: Ratios, device: str, tolerance: float, sources: list[Path]):
+    entries: dict[str, dict[str, dict[str, float]]] = {}
+    for (kernel, config, anchor), value in sorted(run.items()):
+        entries.setdefault(kernel, {}).setdefault(config, {})[anchor] = round(value, 4)
+    data = {
+        "metric": METRIC,
+        "device": device,
+        "tolerance": tolerance,
+        "updated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "runs": [p.name for p in sources],
+        "entries": entries,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def compare(baseline: Ratios, run: Ratios, tolerance: float) -> list[Row]:
+    keys = sorted(set(baseline) | set(run))
+    return [Row(*key, baseline.get(key), run.get(key), tolerance) for key in keys]
+
+
+def _fmt(value: float | None, pattern: str) -> str:
+    return "-" if value is None else format(value, pattern)
+
+
+def table(rows: list[Row]) -> list[str]:
+    """A markdown table: kernel, configuration, anchor, baseline, now, change, status."""
+    header = ("kernel", "configuration", "anchor", "baseline", "now", "change", "status")
+    body = [
+        (
+            r.kernel,
+            r.config,
+            r.anchor,
+            _fmt(r.baseline, ".3f"),
+            _fmt(r.now, ".3f"),
+            _fmt(None if r.change is None else 100 * r.change, "+.1f")
+            + ("%" if r.change is not None else ""),
+            r.status,
+        )
+        for r in rows
+    ]
+    widths = [max(len(line[i]) for line in (header, *body)) for i in range(len(header))]
+
+    def line(cells) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
+
+    return [line(header), line("-" * w for w in widths), *(line(cells) for cells in body)]
+
+
+def _first(*values: float | None) -> float:
+    return next(v for v in values if v is not None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("baseline", type=Path, help="ci/baselines/<machine>.json")
+    parser.add_argument("results", type=Path, nargs="+", help="pytest-benchmark JSON file(s)")
+    parser.add_argument("--update", action="store_true", help="write the baseline from the run")
+    parser.add_argument(
+        "--init-missing",
+        action="store_true",
+        help="if the baseline does not exist, write it from the run and pass",
+    )
+    parser.add_argument("--tolerance", type=float, help="allowed drop (0.25 = 25%%)")
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
+
+    run, device = load_run(args.results)
+    if not run:
+        print(
+            f"bench gate: no gated benchmark (extra_info.ratios) in {args.results}", file=sys.stderr
+        )
+        return 2
+    exists = args.baseline.is_file()
+    if args.update or (args.init_missing and not exists):
+        old_tol = load_baseline(args.baseline)[1].get("tolerance") if exists else None
+        tolerance = _first(args.tolerance, old_tol, DEFAULT_TOLERANCE[device])
+        write_baseline(args.baseline, run, device, tolerance, args.results)
+        verb = "updated" if exists else "created (no baseline existed)"
+        print(
+            f"bench gate: baseline {args.baseline} {verb}: {len(run)} ratios, "
+            f"tolerance {tolerance:.0%}; commit it"
+        )
+        return 0
+    if not exists:
+        print(f"bench gate: no baseline {args.baseline}; create it with --update", file=sys.stderr)
+        return 2
+    baseline, meta = load_baseline(args.baseline)
+    tolerance = _first(args.tolerance, meta.get("tolerance"), DEFAULT_TOLERANCE[device])
+    rows = compare(baseline, run, tolerance)
+    lines = table(rows)
+    bad = [r for r in rows if r.status == "REGRESSION"]
+    counts = {s: sum(r.status == s for r in rows) for s in ("ok", "missing", "new")}
+    verdict = "FAIL" if bad else "pass"
+    summary = (
+        f"bench gate {verdict}: {len(bad)} regression(s) beyond -{tolerance:.0%} "
+        f"of {args.baseline} "
+        f"({counts['ok']} ok, {counts['new']} new, {counts['missing']} missing; "
+        f"metric: {METRIC})"
+    )
+    print("\n".join(lines))
+    print(summary)
+    if args.markdown:
+        args.markdown.write_text("\n".join([*lines, "", summary, ""]))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
