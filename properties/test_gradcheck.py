@@ -1,0 +1,120 @@
+"""torch.autograd.gradcheck (and gradgradcheck) of o in float64, on tiny problems.
+
+Finite differences in float64 check the kernel's backward against its own forward, with no
+reference implementation involved: dO·(dq, dk, dv) must match the directional derivatives of
+o (causal and not, GQA, Nq != Nk, every layout, as drawn). ``fast_mode`` projects the Jacobian
+onto random vectors, so one example costs a handful of kernel calls instead of one per input
+element. Only o is differentiated: the contract does not require lse to be differentiable.
+
+gradgradcheck runs where the kernel's backward is itself differentiable. That is probed once:
+the gradients taken with ``create_graph=True`` must require grad and be differentiable again;
+a backward marked ``once_differentiable`` or computed outside autograd is skipped with the
+reason. A backward that builds a graph but gets the second derivatives wrong fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+import torch
+
+from kernels.capabilities import Capabilities
+from kernels.registry import Kernel
+from properties.check import PropertyFailure, failure, run_property
+from properties.problem import Problem
+from properties.strategies import Sizes, problems
+
+F64 = torch.float64
+
+
+def _tiny(caps: Capabilities, sizes: Sizes) -> Sizes:
+    """N <= 9, D <= 8 (or the smallest declared D), batch 1, at most 2 kv heads of 2."""
+    return replace(sizes, max_n=min(sizes.max_n, 9), max_batch=1, max_kv_heads=min(sizes.max_kv_heads, 2),
+                   max_group=min(sizes.max_group, 2), max_head_dim=max(8, min(caps.head_dims)))
+
+
+def _o_of(kernel: Kernel, p: Problem) -> Callable[..., torch.Tensor]:
+    def o(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q, k, v, causal=p.causal, scale=p.scale, block_m=p.block_m, block_n=p.block_n)[0]
+
+    return o
+
+
+def _require_float64_backward(kernel: Kernel) -> None:
+    caps = kernel.capabilities
+    if F64 not in caps.dtypes:
+        pytest.skip(f"kernel {kernel.name} does not declare float64 (finite differences need it)")
+    if not caps.backward:
+        pytest.skip(f"kernel {kernel.name} does not declare backward")
+
+
+def _checker(prop: str, check_fn: Callable[..., bool]) -> Callable[[Kernel, Problem], None]:
+    """A check running ``check_fn(o, inputs, fast_mode=True)``: a mismatch or an error is a failure.
+
+    Mismatches are detected with ``raise_exception=False``: torch's message would recompute the
+    full Jacobians in slow mode on every failing example Hypothesis shrinks through; the repro
+    line does that once."""
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        inputs = p.inputs(requires_grad=True)
+        repro = (f"{prop} repro: torch.autograd.{prop}(lambda q, k, v: load_kernel({kernel.name!r})(q, k, v, "
+                 f"causal=p.causal, scale=p.scale, block_m=p.block_m, block_n=p.block_n)[0], (q, k, v))")
+        try:
+            ok = check_fn(_o_of(kernel, p), inputs, fast_mode=True, raise_exception=False)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
+            detail = f"{prop} raised {type(err).__name__}: {str(err).strip().splitlines()[0]}"
+            raise PropertyFailure(failure(kernel, p, prop, [detail, repro], backward=True)) from err
+        if not ok:
+            detail = f"{prop}: analytical and finite-difference (float64) Jacobians of o differ (fast mode)"
+            raise PropertyFailure(failure(kernel, p, prop, [detail, repro], backward=True))
+
+    return check
+
+
+def test_gradcheck(kernel, device, sizes):
+    """Analytical gradients of o (the kernel's backward) equal float64 finite differences."""
+    _require_float64_backward(kernel)
+    caps = kernel.capabilities
+    strategy = problems(caps, device=device, sizes=_tiny(caps, sizes), dtypes=(F64,))
+    run_property(kernel, "gradcheck", strategy, _checker("gradcheck", torch.autograd.gradcheck), weight=0.5)
+
+
+def _probe(caps: Capabilities, device: str) -> Problem | None:
+    """A tiny declared float64 problem to probe double backward on, if there is one."""
+    d = min(caps.head_dims)
+    p = Problem(nq=3, nk=3, d=d, dv=d if caps.dv_equals_d or d in caps.dv_dims else min(caps.dv_dims),
+                dtype=F64, block_m=caps.block_m[0] if caps.block_m else None,
+                block_n=caps.block_n[0] if caps.block_n else None, device=device)
+    return p if caps.unsupported_reason(p) is None else None
+
+
+def _double_backward_unsupported(kernel: Kernel, p: Problem) -> str | None:
+    """Why the kernel's backward cannot be differentiated (``None`` when it can be)."""
+    q, k, v = p.inputs(requires_grad=True)
+    do = p.grad_output().requires_grad_()
+    grads = torch.autograd.grad(_o_of(kernel, p)(q, k, v), (q, k, v), do, create_graph=True)
+    if not all(g.requires_grad for g in grads):
+        return "its gradients do not require grad"
+    try:
+        torch.autograd.grad(sum(g.sum() for g in grads), (q, k, v, do), allow_unused=True)
+    except RuntimeError as err:
+        return str(err).splitlines()[0]
+    return None
+
+
+def test_gradgradcheck(kernel, device, sizes):
+    """Where the backward is differentiable: second derivatives of o match finite differences
+    of the kernel's own first derivatives."""
+    _require_float64_backward(kernel)
+    caps = kernel.capabilities
+    probe = _probe(caps, device)
+    if probe is None:
+        pytest.skip(f"kernel {kernel.name} declares no tiny float64 problem to probe double backward on")
+    reason = _double_backward_unsupported(kernel, probe)
+    if reason is not None:
+        pytest.skip(f"backward is not differentiable (kernel does not support double backward): {reason}")
+    strategy = problems(caps, device=device, sizes=_tiny(caps, sizes), dtypes=(F64,))
+    run_property(kernel, "gradgradcheck", strategy, _checker("gradgradcheck", torch.autograd.gradgradcheck),
+                 weight=0.5)

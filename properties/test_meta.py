@@ -1,0 +1,332 @@
+"""Meta-tests: the suite's own helpers do what the properties rely on (kernel-independent).
+
+The golden against a dense float64 autograd computation, its chunking, its memory; Problem
+layouts and their NaN poison; the strategies' declared/undeclared split; the tolerance model's
+verdicts on planted errors; the registry's three ways of naming a kernel; and the error
+contract catching a kernel that silently answers undeclared problems wrongly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import properties.test_error_contract as error_contract
+from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
+from kernels.registry import Kernel, load_kernel
+from kernels.sdpa import sdpa_flash
+from properties.check import PropertyFailure, assert_close_to_golden, references, run_kernel
+from properties.problem import LAYOUTS, Problem
+from properties.report import TALLIES
+from properties.strategies import Sizes, problems, undeclared_problems
+from properties.tolerance import compare
+from refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from refimpl.blocked import attention as blocked_attention
+
+pytestmark = pytest.mark.meta
+
+F64 = torch.float64
+META_SIZES = Sizes(max_n=24, max_head_dim=32, max_work=200_000)
+ALIGNMENTS = ("bottom-right", "top-left")
+GRADS = ("dq", "dk", "dv")
+
+#: Declarations the strategies are checked against: full support, the built-ins, a narrow one.
+DECLARATIONS = (
+    FULL_SUPPORT,
+    blocked_attention.capabilities,
+    sdpa_flash.capabilities,
+    Capabilities(dtypes=frozenset({torch.float16, torch.bfloat16}), head_dims=range(8, 129, 8),
+                 dv_equals_d=True, causal=False, unequal_lengths=False, gqa=False, custom_scale=False,
+                 any_strides=False, max_seqlen=32, block_m=(16, 32), block_n=(16,),
+                 limits=(Limit("D > 64 with Nq > 16", lambda p: p.d > 64 and p.nq > 16),)),
+)
+
+
+def _device_for(caps: Capabilities) -> str:
+    """A device the declaration claims (problems are only drawn, never run, off the CPU)."""
+    return "cpu" if "cpu" in caps.devices else sorted(caps.devices)[0]
+
+
+def _floor_check(name: str, actual: torch.Tensor, expected: torch.Tensor, magnitude: float | None,
+                 logit_size: float) -> None:
+    """float64 vs float64: within the tolerance model's float64 floor (yardstick error 0)."""
+    result = compare(name, actual, expected, expected, F64, magnitude, logit_size)
+    assert result.ok, result.describe()
+
+
+def _magnitude(bound: torch.Tensor) -> float:
+    """A gradient's floor magnitude: the max of its absolute-value bound (as properties.check)."""
+    return float(bound.max()) if bound.numel() else 0.0
+
+
+def _logit_size(lse: torch.Tensor) -> float:
+    finite = lse[torch.isfinite(lse)]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
+# --------------------------------------------------------------------------- golden
+
+
+@given(problems(FULL_SUPPORT, dtypes=(F64,), sizes=META_SIZES), st.sampled_from(ALIGNMENTS))
+def test_golden_equals_dense_float64_autograd(p: Problem, alignment: str):
+    """The streaming golden and its hand-written backward equal the dense computation
+    (refimpl.yardstick on float64 inputs, gradients by autograd) within the float64 floor."""
+    q, k, v = p.inputs(requires_grad=True)
+    kw = dict(causal=p.causal, scale=p.scale, alignment=alignment)
+    o, lse = attention_yardstick(q, k, v, **kw)
+    dense = dict(zip(GRADS, torch.autograd.grad(o, (q, k, v), p.grad_output())))
+    go, glse = attention_golden(q, k, v, **kw)
+    *grads, dq_b, dk_b, dv_b = attention_golden_backward(q, k, v, p.grad_output(), bounds=True, **kw)
+    size = _logit_size(glse)
+    _floor_check("o", go, o, None, size)
+    _floor_check("lse", glse, lse, None, size)
+    for name, g, bound in zip(GRADS, grads, (dq_b, dk_b, dv_b)):
+        _floor_check(name, g, dense[name], _magnitude(bound), size)
+
+
+@given(problems(FULL_SUPPORT, dtypes=(F64,), sizes=META_SIZES), st.sampled_from(ALIGNMENTS), st.data())
+def test_golden_chunk_invariance(p: Problem, alignment: str, data: st.DataObject):
+    """The golden's key chunk size (1 .. Nk + 2) does not change o, lse or the gradients
+    beyond float64 rounding (the floor)."""
+    chunk = data.draw(st.integers(1, p.nk + 2), label="chunk")
+    q, k, v = p.inputs()
+    kw = dict(causal=p.causal, scale=p.scale, alignment=alignment)
+    base = (*attention_golden(q, k, v, **kw), *attention_golden_backward(q, k, v, p.grad_output(), **kw))
+    chunked = (*attention_golden(q, k, v, chunk=chunk, **kw),
+               *attention_golden_backward(q, k, v, p.grad_output(), chunk=chunk, **kw))
+    bounds = attention_golden_backward(q, k, v, p.grad_output(), bounds=True, **kw)[3:]
+    size = _logit_size(base[1])
+    for name, a, b, bound in zip(("o", "lse", *GRADS), chunked, base, (None, None, *bounds)):
+        _floor_check(name, a, b, None if bound is None else _magnitude(bound), size)
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an op produces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        sizes = [t.numel() for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.largest = max([self.largest, *sizes])
+        return out
+
+
+def test_golden_memory_is_linear_in_n():
+    """Golden forward and backward at N = 8192, D = 128, float64, chunk 1024 (B = H = 1) never
+    create a tensor larger than N x chunk: no N x N buffer. Traced on the meta device (shapes
+    only, instant); torch's CPU profiler would need a real 34 GFLOP run to say the same."""
+    n, d, chunk = 8192, 128, 1024
+    q, k, v, do = (torch.empty(1, 1, n, d, dtype=F64, device="meta") for _ in range(4))
+    with _LargestTensor() as forward:
+        attention_golden(q, k, v, causal=True, chunk=chunk)
+    with _LargestTensor() as backward:
+        attention_golden_backward(q, k, v, do, causal=True, chunk=chunk)
+    assert forward.largest <= n * chunk, f"forward made a tensor of {forward.largest} elements"
+    assert backward.largest <= n * chunk, f"backward made a tensor of {backward.largest} elements"
+
+
+@pytest.mark.slow
+def test_golden_runs_n8192_on_cpu():
+    """The real float64 run at N = 8192, D = 128 (chunk 1024) completes with finite outputs, and
+    a few rows agree with a dense computation of just those rows."""
+    n, d = 8192, 128
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, n, d, generator=g, dtype=F64) for _ in range(3))
+    o, lse = attention_golden(q, k, v, chunk=1024)
+    assert torch.isfinite(o).all() and torch.isfinite(lse).all()
+    rows = torch.tensor([0, 1, 4095, n - 1])
+    s = (q[:, :, rows] @ k.transpose(-1, -2)) / d**0.5
+    _floor_check("lse", lse[:, :, rows], torch.logsumexp(s, -1), None, _logit_size(lse))
+    _floor_check("o", o[:, :, rows], torch.softmax(s, -1) @ v, None, _logit_size(lse))
+
+
+# --------------------------------------------------------------------------- problems
+
+
+@given(problems(FULL_SUPPORT, sizes=META_SIZES))
+def test_layouts_hold_the_same_values_inside_nan(p: Problem):
+    """Every layout holds the contiguous layout's values; the "contiguous", "sliced" and
+    "strided" views sit in buffers whose every other element is NaN."""
+    base = p.replace(layout="contiguous").inputs()
+    for layout in LAYOUTS:
+        for t, ref in zip(p.replace(layout=layout).inputs(), base):
+            assert torch.equal(t, ref), f"{layout}: values differ from contiguous"
+            if layout == "transposed":
+                assert t.dim() == 4 and (t.shape[1] == 1 or t.shape[2] == 1 or not t.is_contiguous())
+                continue
+            buf = t._base
+            assert buf is not None and not torch.isnan(t).any()
+            assert int(torch.isnan(buf).sum()) == buf.numel() - t.numel(), f"{layout}: poison missing"
+    strided = p.replace(layout="strided").inputs()
+    assert all(t.stride(-1) == 2 for t in strided)
+
+
+@given(st.data())
+def test_strategies_draw_only_declared_problems(data: st.DataObject):
+    """problems() draws only problems a declaration accepts (including its known limits)."""
+    caps = data.draw(st.sampled_from(DECLARATIONS), label="caps")
+    p = data.draw(problems(caps, device=_device_for(caps), sizes=META_SIZES), label="problem")
+    assert caps.unsupported_reason(p) is None
+
+
+@given(st.data())
+def test_undeclared_problems_are_undeclared(data: st.DataObject):
+    """undeclared_problems() draws only problems the declaration refuses and the error contract
+    demands a clear error for."""
+    caps = data.draw(st.sampled_from(DECLARATIONS), label="caps")
+    p = data.draw(undeclared_problems(caps, device=_device_for(caps), sizes=META_SIZES), label="problem")
+    assert caps.unsupported_reason(p) is not None and caps.must_raise(p)
+
+
+# --------------------------------------------------------------------------- tolerance
+
+
+@given(problems(FULL_SUPPORT, sizes=META_SIZES, dtypes=(torch.float16, torch.float32)))
+def test_tolerance_verdicts(p: Problem):
+    """compare() passes the golden against itself and flags an error of 10x the budget, a NaN
+    and an -inf where the golden is finite."""
+    golden, yard = references(p, "bottom-right", False, False)
+    size = _logit_size(golden.lse)
+    for name in ("o", "lse"):
+        g, y = getattr(golden, name), getattr(yard, name)
+        itself = compare(name, g, g, y, p.dtype, logit_size=size)
+        assert itself.ok and itself.error == 0, itself.describe()
+        planted = g.clone()
+        finite = torch.isfinite(planted).nonzero()
+        if not len(finite):
+            continue
+        at = tuple(finite[0].tolist())
+        planted[at] += 10 * itself.budget
+        assert not compare(name, planted, g, y, p.dtype, logit_size=size).ok, "10x budget not flagged"
+        planted[at] = float("nan")
+        assert not compare(name, planted, g, y, p.dtype, logit_size=size).ok, "NaN not flagged"
+        planted[at] = float("-inf")
+        assert not compare(name, planted, g, y, p.dtype, logit_size=size).ok, "-inf not flagged"
+
+
+def test_tolerance_flags_finite_lse_on_empty_rows():
+    """An empty row (bottom-right causal, Nq > Nk) must have lse = -inf: a finite value is flagged."""
+    p = Problem(nq=5, nk=2, causal=True)
+    golden, yard = references(p, "bottom-right", False, False)
+    assert torch.isinf(golden.lse[..., :3]).all()
+    wrong = golden.lse.clone()
+    wrong[..., 0] = 0.0
+    assert compare("lse", golden.lse, golden.lse, yard.lse, p.dtype).ok
+    assert not compare("lse", wrong, golden.lse, yard.lse, p.dtype).ok
+
+
+# --------------------------------------------------------------------------- registry
+
+
+USER_KERNEL = '''
+from kernels.capabilities import Capabilities
+from refimpl import attention_golden
+
+
+def plain(q, k, v, *, causal=False, scale=None):
+    o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
+    return o.to(q.dtype), lse.float()
+
+
+def only_o(q, k, v, *, causal=False, scale=None):
+    return plain(q, k, v, causal=causal, scale=scale)[0]
+
+
+def wrong_o(q, k, v, *, causal=False, scale=None):
+    return only_o(q, k, v, causal=causal, scale=scale) + 1
+
+
+only_o.capabilities = Capabilities(returns_lse=False)
+wrong_o.capabilities = Capabilities(returns_lse=False)
+'''
+
+
+def test_registry_loads_names_modules_and_files(tmp_path: Path):
+    """A registered name, a module:attr and a path/to/file.py:attr all load. A plain callable
+    claims full support; a kernel returning only o (declaring returns_lse=False) is checked on
+    o alone, and a wrong o is still caught; full support returning only o is a failure."""
+    named, dotted = load_kernel("ref-blocked"), load_kernel("refimpl.blocked:attention")
+    assert named.fn is dotted.fn is blocked_attention
+    assert named.capabilities == blocked_attention.capabilities
+    path = tmp_path / "user_kernel.py"
+    path.write_text(textwrap.dedent(USER_KERNEL))
+    plain, only_o, wrong_o = (load_kernel(f"{path}:{attr}") for attr in ("plain", "only_o", "wrong_o"))
+    assert plain.capabilities is FULL_SUPPORT
+    p = Problem(nq=7, nk=5, causal=True)
+    assert_close_to_golden(plain, p, "meta", run_kernel(plain, p, "meta"), ("o", "lse"))
+    out = run_kernel(only_o, p, "meta")
+    assert out.lse is None
+    assert_close_to_golden(only_o, p, "meta", out, ("o", "lse"))
+    with pytest.raises(PropertyFailure, match="o: max"):
+        assert_close_to_golden(wrong_o, p, "meta", run_kernel(wrong_o, p, "meta"), ("o", "lse"))
+    lying = Kernel(name="meta-only-o-full-support", fn=only_o.fn, capabilities=FULL_SUPPORT)
+    with pytest.raises(PropertyFailure, match="returns_lse"):
+        run_kernel(lying, p, "meta")
+    with pytest.raises(ValueError):
+        load_kernel("no-such-kernel")
+
+
+# --------------------------------------------------------------------------- error contract
+
+_NARROW = Capabilities(dtypes=frozenset({torch.float32}), head_dims=range(1, 65))
+#: Tiny problems: a failing property is shrunk, and every shrink step calls the references.
+_TINY = Sizes(max_n=4, max_batch=1, max_kv_heads=1, max_group=1, max_head_dim=8, max_work=10_000)
+
+
+def _narrow_kernel(*, refuse: bool):
+    """A float32, D <= 64 kernel: undeclared input is refused (``refuse``) or answered wrongly."""
+
+    def attention(q, k, v, *, causal=False, scale=None):
+        o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
+        if q.dtype != torch.float32 or q.shape[-1] > 64:
+            if refuse:
+                raise NotImplementedError(f"dtype {q.dtype} / D={q.shape[-1]} not supported")
+            o = o + 1
+        return o.to(q.dtype), lse.float()
+
+    return attention
+
+
+@contextlib.contextmanager
+def _quick_hypothesis() -> Iterator[None]:
+    """Load a profile without shrinking or explaining (only the verdict matters here), then
+    restore the one that was loaded; run_property reads ``settings.default``."""
+    settings.register_profile("flashprop-meta-saved", settings.default)
+    settings.register_profile("flashprop-meta-quick", settings.default, max_examples=10,
+                              phases=[Phase.explicit, Phase.generate])
+    settings.load_profile("flashprop-meta-quick")
+    try:
+        yield
+    finally:
+        settings.load_profile("flashprop-meta-saved")
+
+
+@pytest.mark.parametrize("refuse", [True, False], ids=["refuses", "answers-wrongly"])
+def test_error_contract_catches_silent_wrong_answers(refuse: bool):
+    """The error-contract property passes a kernel that refuses undeclared input and fails one
+    that silently answers it wrongly (the fake kernel's tallies are removed from the summary)."""
+    name = f"meta-narrow-{'refuses' if refuse else 'lies'}"
+    kernel = Kernel(name=name, fn=_narrow_kernel(refuse=refuse), capabilities=_NARROW)
+    prop = error_contract.test_undeclared_problem_raises_clear_error_or_is_correct
+    with _quick_hypothesis():
+        try:
+            if refuse:
+                prop(kernel, "cpu", _TINY)
+            else:
+                with pytest.raises(PropertyFailure, match="error-contract"):
+                    prop(kernel, "cpu", _TINY)
+        finally:
+            for key in [key for key in TALLIES if key[0] == name]:
+                del TALLIES[key]
