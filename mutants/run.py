@@ -10,9 +10,10 @@
 3. A table (mutant, class, caught, property, examples, seconds, problem) is printed and, with
    ``--out``, written as markdown. Exit status 1 if a correct kernel fails or a mutant survives.
 
-Property files run cheapest and most discriminating first (:data:`FIRST`), the error contract
-last (it cannot see wrong arithmetic), so that time to catch stays low. ``--jobs`` subprocesses
-run at once (default: one per CPU core), each with its share of the cores' threads.
+Property files run cheapest and most discriminating first (:data:`FIRST`), gradcheck and the
+error contract last (slow, or blind to wrong arithmetic), so that time to catch stays low.
+``--jobs`` subprocesses run at once (default: one per CPU core), each with its share of the
+cores' threads. Everything runs on the CPU (``--device cpu``, Triton's interpreter).
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ from pathlib import Path
 
 from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
 
-#: Property files that run first, in this order; the rest follow alphabetically, then LAST.
-FIRST = ("test_golden.py",)
-LAST = ("test_error_contract.py",)
+#: Property files that run first, in this order (cheap, and between them they see most bug
+#: classes); the rest follow alphabetically, then LAST (slow, or blind to wrong arithmetic).
+FIRST = ("test_golden.py", "test_robustness.py", "test_determinism.py", "test_precision.py")
+LAST = ("test_gradcheck.py", "test_error_contract.py")
 CORRECT_KERNELS = ("triton", "ref-blocked")  # slowest first
 
 _HEADER = re.compile(r"property '([^']+)' failed for kernel")
@@ -78,6 +80,7 @@ def _env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _pytest(kernels: list[str], *extra: str) -> list[str]:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile", "ci"]
+    cmd += ["--device", "cpu"]
     for kernel in kernels:
         cmd += ["--kernel", kernel]
     return [*cmd, *extra, "-m", "not meta", *property_files()]
@@ -211,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--shrink-seconds",
         type=float,
-        default=15.0,
-        help="cap on Hypothesis shrinking per mutant (default 15)",
+        default=10.0,
+        help="cap on Hypothesis shrinking per mutant (default 10)",
     )
     parser.add_argument(
         "--baseline-timeout",
