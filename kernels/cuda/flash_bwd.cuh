@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "flash_api.h"
 #include "flash_common.cuh"
@@ -153,19 +154,27 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const Bwd
     warp_gemm_nt<kMT, kD, kBlockM>(acc_p, sK, key_w - n0, sQi);
     // Causal: key j is visible to query i iff i >= j - shift; the tile needs the mask iff its
     // first query is below the threshold of this warp's last key.
-    const bool need_mask = s.causal && m0 < key_w + 16 * kMT - 1 - shift;
+    // Two instantiations (kMask), so the common unmasked path carries no per-element compares.
+    auto probabilities = [&](auto mask_tag) {
+      constexpr bool kMask = decltype(mask_tag)::value;
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) {
+      for (int m = 0; m < kMT; ++m) {
 #pragma unroll
-      for (int n = 0; n < kBlockM / 8; ++n) {
+        for (int n = 0; n < kBlockM / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int col = n * 8 + 2 * t + (e & 1);
-          float pv = exp2f(acc_p[m][n][e] * scale_log2 - lse2[col]);
-          if (need_mask && m0 + col < key_w + 16 * m + g + 8 * (e >> 1) - shift) pv = 0.f;
-          acc_p[m][n][e] = pv;
+          for (int e = 0; e < 4; ++e) {
+            const int col = n * 8 + 2 * t + (e & 1);
+            float pv = exp2f(acc_p[m][n][e] * scale_log2 - lse2[col]);
+            if (kMask && m0 + col < key_w + 16 * m + g + 8 * (e >> 1) - shift) pv = 0.f;
+            acc_p[m][n][e] = pv;
+          }
         }
       }
+    };
+    if (s.causal && m0 < key_w + 16 * kMT - 1 - shift) {
+      probabilities(std::true_type{});
+    } else {
+      probabilities(std::false_type{});
     }
     if constexpr (kDoV) warp_gemm_rn<kMT, kBlockM, kD>(acc_dv, acc_p, sdOi);
 
@@ -288,22 +297,30 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const BwdPa
     warp_gemm_nt<kMT, kD, kBlockN>(acc_p, sQ, row_w - m0, sKj);
     warp_gemm_nt<kMT, kD, kBlockN>(acc_dp, sdO, row_w - m0, sVj);
 
-    const bool need_mask = n0 + kBlockN > s.nk || (s.causal && n0 + kBlockN - 1 > row_w + shift);
+    // dS = P * (dP - Delta), in acc_p; two instantiations as in the forward (kMask).
+    auto grad_scores = [&](auto mask_tag) {
+      constexpr bool kMask = decltype(mask_tag)::value;
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) {
+      for (int m = 0; m < kMT; ++m) {
 #pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
+        for (int n = 0; n < kBlockN / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          float pv = exp2f(acc_p[m][n][e] * scale_log2 - lse2[m][r]);
-          if (need_mask) {
-            const int col = n0 + n * 8 + 2 * t + (e & 1);
-            if (col >= s.nk || (s.causal && col > row_w + 16 * m + g + 8 * r + shift)) pv = 0.f;
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            float pv = exp2f(acc_p[m][n][e] * scale_log2 - lse2[m][r]);
+            if constexpr (kMask) {
+              const int col = n0 + n * 8 + 2 * t + (e & 1);
+              if (col >= s.nk || (s.causal && col > row_w + 16 * m + g + 8 * r + shift)) pv = 0.f;
+            }
+            acc_p[m][n][e] = pv * (acc_dp[m][n][e] - delta[m][r]);
           }
-          acc_p[m][n][e] = pv * (acc_dp[m][n][e] - delta[m][r]);  // dS
         }
       }
+    };
+    if (n0 + kBlockN > s.nk || (s.causal && n0 + kBlockN - 1 > row_w + shift)) {
+      grad_scores(std::true_type{});
+    } else {
+      grad_scores(std::false_type{});
     }
     warp_gemm_rn<kMT, kBlockN, kD>(acc_dq, acc_p, sKj);
     __syncthreads();

@@ -129,28 +129,43 @@ __device__ __forceinline__ void load_tile(T* tile, const T* base, int64_t row_st
 
 // ---- warp-level tile products --------------------------------------------------------------
 
+// Fast addressing of the swizzled tiles inside the warp GEMMs. A lane's ldmatrix row always has
+// the same (row & 7) (row offsets are multiples of 8), and its logical chunk is c0 + dc with
+// c0 in {0, 1} and dc even, so c0 + dc == c0 ^ dc and the physical chunk is
+// ((c0 ^ row) & 7) ^ (dc & 7) | (dc & ~7). Tiles are 128-byte aligned with 128-byte multiples as
+// rows, so bits 4..6 of the byte address hold the chunk-in-group: the lane computes its base
+// address once (swz_base) and every step is one XOR with a compile-time constant plus an
+// immediate offset (swz_step).
+template <int kD, typename T>
+__device__ __forceinline__ uint32_t swz_base(const T* tile, int row, int c0) {
+  return smem_addr(tile) + row * kD * 2 + (((c0 ^ row) & 7) << 4);
+}
+__device__ __forceinline__ uint32_t swz_step(uint32_t base, int dc) {
+  return (base ^ ((dc & 7) << 4)) + ((dc & ~7) << 4);
+}
+
 // acc[m][kN/8][4] += A_m * B^T for one warp and its kMT m16 tiles m: A_m = rows
-// [a_row0 + 16m, a_row0 + 16m + 16) of smem tile sA (ROWS x kD), B = rows [0, kN) of smem tile
-// sB (kN x kD); contraction over all kD columns. Each B fragment loaded is reused by the kMT
-// tiles (kMT = 2 halves the shared-memory traffic per mma). Used for S = Q K^T, dP = dO V^T and
-// their transposes K Q^T, V dO^T.
+// [a_row0 + 16m, a_row0 + 16m + 16) of smem tile sA (ROWS x kD; a_row0 a multiple of 8),
+// B = rows [0, kN) of smem tile sB (kN x kD); contraction over all kD columns. Each B fragment
+// loaded is reused by the kMT tiles (kMT = 2 halves the shared-memory traffic per mma). Used for
+// S = Q K^T, dP = dO V^T and their transposes K Q^T, V dO^T.
 template <int kMT, int kD, int kN, typename T>
 __device__ __forceinline__ void warp_gemm_nt(float (*acc)[kN / 8][4], const T* sA, int a_row0,
                                              const T* sB) {
   const int lane = threadIdx.x & 31;
+  // ldmatrix x4 matrices: A (rows 0-7 | 8-15) x (k 0-7 | 8-15) in the order a0, a1, a2, a3;
+  // B (k 0-7, k 8-15) of n rows 0-7, then of n rows 8-15: b0, b1 of two n8 tiles.
+  const uint32_t a_base = swz_base<kD>(sA, a_row0 + (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
+  const uint32_t b_base = swz_base<kD>(sB, (lane & 7) + (lane >> 4) * 8, (lane >> 3) & 1);
 #pragma unroll
   for (int kk = 0; kk < kD; kk += 16) {
     uint32_t a[kMT][4];
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-      ldmatrix_x4(a[m], smem_addr(sA + swz<kD>(a_row0 + 16 * m + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                kk + (lane >> 4) * 8)));
-    }
+    for (int m = 0; m < kMT; ++m) ldmatrix_x4(a[m], swz_step(a_base, kk / 8) + m * 16 * kD * 2);
 #pragma unroll
     for (int n = 0; n < kN; n += 16) {
       uint32_t b[4];
-      ldmatrix_x4(b, smem_addr(sB + swz<kD>(n + (lane & 7) + (lane >> 4) * 8,
-                                            kk + ((lane >> 3) & 1) * 8)));
+      ldmatrix_x4(b, swz_step(b_base, kk / 8) + n * kD * 2);
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
         ElemTraits<T>::mma(acc[m][n / 8], a[m], b[0], b[1]);
@@ -167,6 +182,9 @@ template <int kMT, int kK, int kD, typename T>
 __device__ __forceinline__ void warp_gemm_rn(float (*acc)[kD / 8][4], const float (*p)[kK / 8][4],
                                              const T* sB) {
   const int lane = threadIdx.x & 31;
+  // ldmatrix x4.trans matrices: (k rows 0-7, k rows 8-15) of n 0-7, then of n 8-15: b0, b1 of
+  // two n8 tiles.
+  const uint32_t base = swz_base<kD>(sB, (lane & 7) + ((lane >> 3) & 1) * 8, lane >> 4);
 #pragma unroll
   for (int kk = 0; kk < kK; kk += 16) {
     const int j = kk / 8;
@@ -181,8 +199,7 @@ __device__ __forceinline__ void warp_gemm_rn(float (*acc)[kD / 8][4], const floa
 #pragma unroll
     for (int n = 0; n < kD; n += 16) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, smem_addr(sB + swz<kD>(kk + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                  n + (lane >> 4) * 8)));
+      ldmatrix_x4_trans(b, swz_step(base, n / 8) + kk * kD * 2);
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
         ElemTraits<T>::mma(acc[m][n / 8], a[m], b[0], b[1]);

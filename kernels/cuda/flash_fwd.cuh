@@ -36,6 +36,65 @@ struct FwdConfig {
   static constexpr int kSmemBytes = (kBlockM + 4 * kBlockN) * kD * 2;
 };
 
+// One key tile's online-softmax step for the kMT m16 tiles of a warp: scale S into log2 units
+// (multiply first: right for any finite scale, zero or negative too), mask it when kMask (keys
+// >= Nk; causal keys j > i + Nk - Nq), then update the running max and sum, rescale O, and leave
+// P = exp2(S - m) in acc_s. Lane-owned rows: (m, r) is query row_w + 16 m + g + 8 r.
+template <bool kMask, int kMT, int kBlockN, int kD>
+__device__ __forceinline__ void softmax_update(float (*acc_s)[kBlockN / 8][4],
+                                               float (*acc_o)[kD / 8][4], float (*row_max)[2],
+                                               float (*row_sum)[2], float scale_log2,
+                                               const AttnShape& s, int n0, int row_w) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+    for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = acc_s[m][n][e] * scale_log2;
+        if constexpr (kMask) {
+          const int col = n0 + n * 8 + 2 * t + (e & 1);
+          const int row = row_w + 16 * m + g + 8 * (e >> 1);
+          if (col >= s.nk || (s.causal && col > row + s.nk - s.nq)) x = -INFINITY;
+        }
+        acc_s[m][n][e] = x;
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+        mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
+      }
+      mx = fmaxf(row_max[m][r], quad_max(mx));
+      const float m_use = mx == -INFINITY ? 0.f : mx;  // fully masked so far: avoid inf - inf
+      const float alpha = exp2f(row_max[m][r] - m_use);
+      row_max[m][r] = mx;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kBlockN / 8; ++n) {
+#pragma unroll
+        for (int e = 2 * r; e < 2 * r + 2; ++e) {
+          acc_s[m][n][e] = exp2f(acc_s[m][n][e] - m_use);
+          sum += acc_s[m][n][e];
+        }
+      }
+      row_sum[m][r] = row_sum[m][r] * alpha + sum;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        acc_o[m][n][2 * r] *= alpha;
+        acc_o[m][n][2 * r + 1] *= alpha;
+      }
+    }
+  }
+}
+
 template <typename T, typename Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_kernel(const FwdParams p) {
   constexpr int kD = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kTileN;
@@ -100,56 +159,13 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_kernel(const FwdParam
     float acc_s[kMT][kBlockN / 8][4] = {};
     warp_gemm_nt<kMT, kD, kBlockN>(acc_s, sQ, row_w - m0, sKj);
 
-    // Scale into log2 units (multiply first: right for any finite scale, zero or negative too);
-    // mask only the tiles that cross Nk or this warp's part of the causal diagonal.
-    const bool need_mask = n0 + kBlockN > s.nk || (s.causal && n0 + kBlockN - 1 > row_w + shift);
-#pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-#pragma unroll
-      for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = acc_s[m][n][e] * scale_log2;
-          if (need_mask) {
-            const int col = n0 + n * 8 + 2 * t + (e & 1);
-            const int row = row_w + 16 * m + g + 8 * (e >> 1);
-            if (col >= s.nk || (s.causal && col > row + shift)) x = -INFINITY;
-          }
-          acc_s[m][n][e] = x;
-        }
-      }
-    }
-
-    // Online softmax update of the 2 kMT rows this lane holds.
-#pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kBlockN / 8; ++n) {
-          mx = fmaxf(mx, fmaxf(acc_s[m][n][2 * r], acc_s[m][n][2 * r + 1]));
-        }
-        mx = fmaxf(row_max[m][r], quad_max(mx));
-        const float m_use = mx == -INFINITY ? 0.f : mx;  // fully masked so far: avoid inf - inf
-        const float alpha = exp2f(row_max[m][r] - m_use);
-        row_max[m][r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < kBlockN / 8; ++n) {
-#pragma unroll
-          for (int e = 2 * r; e < 2 * r + 2; ++e) {
-            acc_s[m][n][e] = exp2f(acc_s[m][n][e] - m_use);
-            sum += acc_s[m][n][e];
-          }
-        }
-        row_sum[m][r] = row_sum[m][r] * alpha + sum;
-#pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          acc_o[m][n][2 * r] *= alpha;
-          acc_o[m][n][2 * r + 1] *= alpha;
-        }
-      }
+    // Only tiles that cross Nk or this warp's part of the causal diagonal evaluate the mask (two
+    // instantiations, so the common unmasked path carries no per-element compares).
+    if (n0 + kBlockN > s.nk || (s.causal && n0 + kBlockN - 1 > row_w + shift)) {
+      softmax_update<true, kMT, kBlockN, kD>(acc_s, acc_o, row_max, row_sum, scale_log2, s, n0, row_w);
+    } else {
+      softmax_update<false, kMT, kBlockN, kD>(acc_s, acc_o, row_max, row_sum, scale_log2, s, n0,
+                                              row_w);
     }
 
     warp_gemm_rn<kMT, kBlockN, kD>(acc_o, acc_s, sVj);

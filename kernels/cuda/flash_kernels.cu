@@ -7,11 +7,18 @@
 #include "flash_bwd.cuh"
 #include "flash_fwd.cuh"
 
-// Keys per tile of the d <= 128 forward; a build flag so tile sizes can be compared in one
-// session (FLASHPROP_CUDA_FLAGS in kernels/cuda_attention.py). 64: 88 bytes of register spills,
-// 32: none.
+#include <type_traits>
+
+// Build flags so tile shapes can be compared in one session (FLASHPROP_CUDA_FLAGS in
+// kernels/cuda_attention.py). Keys per tile of the 64 < d <= 128 forward: 64 (a few bytes of
+// register spills) or 32 (none).
 #ifndef FLASHPROP_FWD128_BLOCK_N
 #define FLASHPROP_FWD128_BLOCK_N 64
+#endif
+// dQ kernel for 64 < d <= 128: 2 m16 tiles per warp (4 warps, 32-key steps; B fragments reused)
+// or 1 (8 warps, 64-key steps).
+#ifndef FLASHPROP_DQ128_MT
+#define FLASHPROP_DQ128_MT 2
 #endif
 
 namespace flashprop {
@@ -73,7 +80,9 @@ cudaError_t bwd_dispatch(const BwdParams& p, cudaStream_t stream) {
     if (err == cudaSuccess) err = run_dq<T, DqConfig<64, 4, 2, 32>>(p, stream);
   } else if (p.s.d <= 128) {
     err = run_dkdv<T, DkDvConfig<128, 8, 1, 64, true, true>>(p, stream);
-    if (err == cudaSuccess) err = run_dq<T, DqConfig<128, 8, 1, 64>>(p, stream);
+    using Dq128 = std::conditional_t<FLASHPROP_DQ128_MT == 2, DqConfig<128, 4, 2, 32>,
+                                     DqConfig<128, 8, 1, 64>>;
+    if (err == cudaSuccess) err = run_dq<T, Dq128>(p, stream);
   } else {
     err = run_dkdv<T, DkDvConfig<256, 4, 1, 16, true, false>>(p, stream);
     if (err == cudaSuccess) err = run_dkdv<T, DkDvConfig<256, 4, 1, 32, false, true>>(p, stream);
