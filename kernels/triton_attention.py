@@ -526,6 +526,11 @@ _PREPROCESS_BLOCK_M: int = 32 if INTERPRET else 64
 _SMEM_BUDGET: int = 160 * 1024
 #: CUDA's limit on the second grid axis, which carries batch * heads.
 _MAX_GRID_Y: int = 65535
+#: On a GPU, 16-bit problems with at least this many scores (Nq * Nk) are autotuned; smaller
+#: ones, and fp32/fp64 (FMA-unit dots, where small tiles are the answer anyway), take fixed
+#: tiles: autotuning compiles ~20 kernels per (D, Dv, dtype, causal) key, which pays only on
+#: big problems and would dominate a property suite's many small, varied ones.
+_AUTOTUNE_MIN_SCORES: int = 512 * 512
 
 
 def _pow2_dim(d: int) -> int:
@@ -559,6 +564,13 @@ def _explicit_launch_options(block_m: int, block_n: int, d: int, dv: int,
     }
 
 
+def _fixed_tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[int, int]:
+    """Tiles for problems not autotuned on a GPU: the largest candidate within the budget."""
+    wide = dtype in (torch.float32, torch.float64)
+    candidates = [(32, 32), (32, 16), (16, 16)] if wide else [(64, 64), (32, 32), (16, 16)]
+    return next(t for t in candidates if _explicit_tiles_fit(*t, d, dv, dtype))
+
+
 def _configs(tiles: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
@@ -566,43 +578,37 @@ def _configs(tiles: list[tuple[int, int, int, int]]) -> list[triton.Config]:
     ]
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) for Hopper. 16-bit inputs use tensor cores and big
-# tiles; fp32 ("ieee") and fp64 dots run on FMA units, where small tiles are the right size.
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) for Hopper tensor cores (16-bit inputs only); the
+# two-stage 64x32 / 32x64 ones are there for head dims above 128.
 _FWD_CONFIGS = _configs([
     (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4),
-    (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4),
-    (64, 32, 4, 2), (32, 32, 4, 2), (32, 32, 4, 1),
+    (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4), (64, 64, 4, 2), (64, 32, 4, 2),
 ])
 _DKDV_CONFIGS = _configs([
     (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3),
-    (32, 128, 8, 3), (32, 32, 4, 2), (32, 32, 4, 1),
+    (32, 128, 8, 3), (32, 64, 4, 2),
 ])
 _DQ_CONFIGS = _configs([
     (128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (128, 64, 4, 2), (64, 32, 4, 3),
-    (128, 32, 8, 3), (32, 32, 4, 2), (32, 32, 4, 1),
+    (128, 32, 8, 3), (64, 32, 4, 2),
 ])
 
 
 def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
     """An ``early_config_prune`` for a kernel whose resident tile is ``resident`` ("BLOCK_M" or
-    "BLOCK_N"): keep configs that suit the dtype (big tiles for 16-bit, <= 64x32 for fp32,
-    32x32 for fp64) and whose pipelined tiles fit shared memory; never return an empty list."""
+    "BLOCK_N"): drop configs whose pipelined tiles overflow shared memory (large head dims);
+    never return an empty list."""
 
     def prune(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
         itemsize = named_args["Q"].element_size()
-        max_area = {2: 128 * 128, 4: 64 * 32, 8: 32 * 32}[itemsize]
-        min_area = {2: 64 * 32, 4: 32 * 32, 8: 32 * 32}[itemsize]
         width = meta["BLOCK_D"] + meta["BLOCK_DV"]
 
-        def fits(c: triton.Config) -> bool:
+        def smem(c: triton.Config) -> int:
             bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
             res, streamed = (bm, bn) if resident == "BLOCK_M" else (bn, bm)
-            smem = _smem_bytes(res, streamed, width, itemsize, c.num_stages)
-            return min_area <= bm * bn <= max_area and smem <= 200 * 1024
+            return _smem_bytes(res, streamed, width, itemsize, c.num_stages)
 
-        smallest = min(configs, key=lambda c: (c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"],
-                                               c.num_stages))
-        return [c for c in configs if fits(c)] or [smallest]
+        return [c for c in configs if smem(c) <= 200 * 1024] or [min(configs, key=smem)]
 
     return prune
 
@@ -683,7 +689,9 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
         if tile is not None and tile not in TILE_SIZES:
             raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
     if block_m is None and block_n is None and not INTERPRET:
-        return None
+        if q.element_size() == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
+            return None
+        return _fixed_tiles(d, dv, q.dtype)
     tiles = (block_m or _DEFAULT_TILE, block_n or _DEFAULT_TILE)
     if not INTERPRET and not _explicit_tiles_fit(*tiles, d, dv, q.dtype):
         raise NotImplementedError(f"block_m={tiles[0]}, block_n={tiles[1]} with D={d}, Dv={dv}, "
@@ -787,7 +795,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), any strides, Hq % Hkv == 0.
     ``causal`` is bottom-right aligned; ``scale`` defaults to 1/sqrt(D). ``block_m`` /
     ``block_n`` pick the query / key tile sizes (one of 16, 32, 64, 128); left out, a GPU
-    autotunes them and the interpreter uses 32 x 32. o has q's dtype and shape (..., Dv); lse is
+    autotunes them (16-bit inputs with Nq * Nk >= 512^2; fixed tiles otherwise) and the
+    interpreter uses 32 x 32. o has q's dtype and shape (..., Dv); lse is
     (B, Hq, Nq) in fp32 (fp64 for fp64 inputs), natural log, -inf on rows that see no key.
     Differentiable in q, k, v (deterministic backward, no atomics).
     """
