@@ -50,6 +50,8 @@ CASES = [
     (1, 4, 2, 333, 77, 96, 160, True, "fp16", 128, 64, True),
     (1, 2, 1, 100, 100, 256, 256, False, "fp32", 32, 16, False),
     (1, 2, 1, 100, 100, 256, 256, False, "fp64", 16, 16, False),
+    (1, 4, 2, 600, 600, 256, 256, True, "bf16", None, None, False),  # autotuned, D > 128
+    (1, 2, 1, 300, 300, 200, 120, True, "fp64", None, None, True),  # fixed tiles
 ]
 BENCH_KEYS = [(dt, d, c) for dt in ("bf16", "fp16") for d in (64, 128) for c in (False, True)]
 BENCH_NS = (4096, 512, 1024, 2048, 8192, 16384)  # the first N is the one autotuning sees
