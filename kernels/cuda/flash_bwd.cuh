@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dkdv_kernel(const Bwd
   constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMT;
   constexpr bool kDoK = Cfg::kDK, kDoV = Cfg::kDV;
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  check_smem_alignment(smem_raw);
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + kBlockN * kD;                        // only used when kDoK
   T* sQ = sV + (kDoK ? kBlockN * kD : 0);           // 2 stages
@@ -229,6 +230,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_bwd_dq_kernel(const BwdPa
   constexpr int kD = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kTileN;
   constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  check_smem_alignment(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sdO = sQ + kBlockM * kD;
   T* sK = sdO + kBlockM * kD;     // 2 stages

@@ -75,6 +75,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The swizzled addressing (swz_step) needs 128-byte aligned tiles; dynamic shared memory is
+// declared __align__(128), and this traps loudly rather than compute garbage if it ever is not.
+__device__ __forceinline__ void check_smem_alignment(const void* smem) {
+  if ((smem_addr(smem) & 127u) != 0u) __trap();
+}
+
 // Element offset of (row, col) in a swizzled ROWS x kD tile; col must be a multiple of 8.
 template <int kD>
 __device__ __forceinline__ int swz(int row, int col) {

@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(Cfg::kThreads) flash_fwd_kernel(const FwdParam
   constexpr int kD = Cfg::kHeadDim, kBlockM = Cfg::kBlockM, kBlockN = Cfg::kTileN;
   constexpr int kThreads = Cfg::kThreads, kMT = Cfg::kMT;
   extern __shared__ __align__(128) unsigned char smem_raw[];
+  check_smem_alignment(smem_raw);
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + kBlockM * kD;      // 2 stages
   T* sV = sK + 2 * kBlockN * kD;  // 2 stages
