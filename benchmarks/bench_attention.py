@@ -26,7 +26,7 @@ from benchmarks.conftest import (
 )
 from benchmarks.grid import Config, configs, size_limit_reason
 from benchmarks.memory import peak_extra_bytes
-from benchmarks.timing import cuda_event_timer, median_seconds, rounds_for, warm_up
+from benchmarks.timing import CPU_TIMER, cuda_event_timer, median_seconds, rounds_for, warm_up
 from kernels.registry import Kernel
 
 #: Errors with which a kernel refuses a problem it does not support.
@@ -42,8 +42,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = anchors + tuple(k for k in kernel_names(config) if k not in anchors)
     params = []
     for cfg in configs(grid_spec(config, device), device, bench_subset(config)):
-        timer = {"timer": cuda_event_timer} if device == "cuda" else {}
-        mark = pytest.mark.benchmark(group=cfg.label, **timer)
+        timer = cuda_event_timer if device == "cuda" else CPU_TIMER
+        mark = pytest.mark.benchmark(group=cfg.label, timer=timer)
         for name in names:
             label = f"{name}:{cfg.label.replace(' ', '-')}"
             params.append(pytest.param((name, cfg), marks=mark, id=label))
@@ -69,17 +69,20 @@ def make_call(kern: Kernel, cfg: Config) -> Callable[[], object]:
     return forward_backward
 
 
-def skip_reason(kern: Kernel | str, name: str, cfg: Config) -> str | None:
-    """Why ``name`` is not timed at ``cfg``, or ``None``."""
+def unsupported_reason(kern: Kernel | str, name: str, cfg: Config) -> str | None:
+    """Why ``name`` cannot run ``cfg`` (unavailable, or not declared), or ``None``."""
     if isinstance(kern, str):
         return f"unavailable: {kern}"
     caps = kern.capabilities
     reason = caps.unsupported_reason(cfg.problem())
     if reason is None and cfg.mode == "fwd+bwd" and not caps.backward:
         reason = "backward not declared"
-    if reason is not None:
-        return f"{name} does not declare {cfg.label}: {reason}"
-    return size_limit_reason(name, cfg)
+    return None if reason is None else f"{name} does not declare {cfg.label}: {reason}"
+
+
+def skip_reason(kern: Kernel | str, name: str, cfg: Config) -> str | None:
+    """Why ``name`` is not timed at ``cfg``, or ``None``."""
+    return unsupported_reason(kern, name, cfg) or size_limit_reason(name, cfg)
 
 
 def anchor_seconds(state: BenchState, anchor: str, cfg: Config) -> float | None:
@@ -120,7 +123,7 @@ def test_attention_speed(
     except torch.cuda.OutOfMemoryError as err:
         torch.cuda.empty_cache()
         pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
-    benchmark.pedantic(call, setup=flush, rounds=rounds_for(per_call), iterations=1)
+    benchmark.pedantic(call, setup=flush, rounds=rounds_for(per_call, device), iterations=1)
     seconds = benchmark.stats.stats.median
     bench_state.anchor_seconds.setdefault((name, cfg), seconds)
     ratios = {}

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from benchmarks.bench_attention import make_call, skip_reason
+from benchmarks.bench_attention import make_call, unsupported_reason
 from benchmarks.calibration import plain_dense_attention_f64
 from benchmarks.conftest import BenchState, bench_device, kernel_names
 from benchmarks.grid import Config
@@ -69,7 +69,7 @@ def calls(name: str, state: BenchState) -> tuple[Callable[[], object], Callable[
         return made[0], made[1]
     kern = state.load(name)
     for cfg in (small, large):
-        if (reason := skip_reason(kern, name, cfg)) is not None:
+        if (reason := unsupported_reason(kern, name, cfg)) is not None:
             pytest.skip(reason)
     return make_call(kern, small), make_call(kern, large)
 

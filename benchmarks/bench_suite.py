@@ -20,7 +20,6 @@ time mostly measures the neighbours). The hot paths and their anchors:
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -29,6 +28,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from benchmarks.calibration import ANCHORS, calibration_inputs
 from benchmarks.conftest import BenchState
+from benchmarks.timing import CPU_TIMER
 from kernels.registry import Kernel
 from properties.check import assert_close_to_golden, references, run_kernel
 from properties.problem import Problem
@@ -44,7 +44,7 @@ TRITON_PROBLEM = Problem(b=1, hq=2, hkv=2, nq=64, nk=64, d=32, dv=32, causal=Tru
 EXAMPLES = 20
 PROPERTY_SIZES = Sizes(max_n=48, max_work=400_000)
 
-pytestmark = pytest.mark.benchmark(group="cpu gate", timer=time.process_time)
+pytestmark = pytest.mark.benchmark(group="cpu gate", timer=CPU_TIMER)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,9 +69,9 @@ def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: s
     anchor_times: list[float] = []
 
     def timed_anchor() -> None:
-        start = time.process_time()
+        start = CPU_TIMER()
         anchor_fn()
-        anchor_times.append(time.process_time() - start)
+        anchor_times.append(CPU_TIMER() - start)
 
     benchmark.pedantic(fn, setup=timed_anchor, rounds=ROUNDS, warmup_rounds=1)
     times = benchmark.stats.stats.data

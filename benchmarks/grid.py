@@ -3,7 +3,8 @@
 GPU grid (the FlashAttention papers' setting): B*N = 16384 tokens, H*D = 2048, so H = 32 for
 D = 64 and H = 16 for D = 128, B = 16384 // N, N in 512 .. 16k, fp16 and bf16, causal or not,
 forward and forward+backward. The CPU grid keeps the shape rules but scales the token and
-hidden sizes down so that the pure-PyTorch and interpreted kernels finish in seconds.
+hidden sizes down (256 tokens, H*D = 128, D = 64, float32) so that the pure-PyTorch and
+interpreted kernels finish in seconds.
 
 FLOPs: forward 4*B*H*N*N*D (halved when causal); backward 2.5x forward; forward+backward 3.5x.
 """
@@ -43,10 +44,10 @@ GPU_GRID = GridSpec(
 )
 CPU_GRID = GridSpec(
     seqlens=(128, 256, 512),
-    head_dims=(64, 128),
+    head_dims=(64,),
     dtypes=("float32",),
-    tokens=512,
-    hidden=256,
+    tokens=256,
+    hidden=128,
 )
 
 
@@ -125,7 +126,7 @@ SUBSETS: dict[str, dict[str, tuple[int, ...]]] = {
 SIZE_LIMITS: dict[tuple[str, str], tuple[int, str]] = {
     ("ref-blocked", "cuda"): (1024, "pure-PyTorch reference kernel (a Python loop per tile)"),
     ("ref-blocked", "cpu"): (512, "pure-PyTorch reference kernel (a Python loop per tile)"),
-    ("triton", "cpu"): (256, "Triton interpreter (numpy per program)"),
+    ("triton", "cpu"): (128, "Triton interpreter (seconds per call)"),
 }
 
 

@@ -47,7 +47,7 @@ def grid_table(infos: Iterable[dict]) -> list[str]:
             SHORT_DTYPE.get(i["dtype"], i["dtype"]),
             str(i["n"]),
             f"{1e3 * i['median_s']:.3f}",
-            f"{i['tflops']:.1f}",
+            f"{i['tflops']:.3g}",
             *(f"{ratios[a]:.2f}x" if a in ratios else "-" for a in anchors),
             f"{i['peak_mem_bytes'] / 2**20:.0f}",
         ]
