@@ -133,6 +133,7 @@ class _BlockedAttention(torch.autograd.Function):
         return o, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         causal, scale, block_m, block_n = ctx.args
