@@ -116,8 +116,8 @@ def test_attention_speed(
     device, flush = bench_state.device, bench_state.flush
     try:
         call = make_call(kern, cfg)
+        per_call = warm_up(call, device, flush)  # compile and autotune before measuring memory
         peak = peak_extra_bytes(call, device)
-        per_call = warm_up(call, device, flush)
     except _REFUSALS as err:
         pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
     except torch.cuda.OutOfMemoryError as err:

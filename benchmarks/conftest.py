@@ -7,7 +7,7 @@ Options (each also read from an environment variable, the option wins):
                                                 sdpa-math on CPU)
     --bench-seqlens   FLASHPROP_BENCH_SEQLENS   N values, e.g. 1k,2k,4k
     --bench-head-dims FLASHPROP_BENCH_HEAD_DIMS e.g. 64,128
-    --bench-dtypes    FLASHPROP_BENCH_DTYPES    e.g. bfloat16,float16
+    --bench-dtypes    FLASHPROP_BENCH_DTYPES    e.g. bf16,fp16 (or bfloat16,float16)
     --bench-modes     FLASHPROP_BENCH_MODES     fwd and/or fwd+bwd
     --bench-subset    FLASHPROP_BENCH_SUBSET    a named subset of benchmarks.grid.SUBSETS
     --bench-report    FLASHPROP_BENCH_REPORT    folder for the plot and markdown table, written
@@ -18,12 +18,22 @@ The device comes from the root conftest's ``--device`` (default: cuda when avail
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from benchmarks.grid import CPU_GRID, GPU_GRID, SUBSETS, Config, GridSpec, parse_ints, parse_names
+from benchmarks.grid import (
+    CPU_GRID,
+    GPU_GRID,
+    SHORT_DTYPE,
+    SUBSETS,
+    Config,
+    GridSpec,
+    parse_ints,
+    parse_names,
+)
 from benchmarks.timing import L2Flush
 from kernels.registry import BUILTIN, Kernel, KernelUnavailable, load_kernel
 
@@ -37,6 +47,7 @@ _OPTIONS = {
     "--bench-subset": "FLASHPROP_BENCH_SUBSET",
     "--bench-report": "FLASHPROP_BENCH_REPORT",
 }
+LONG_DTYPE = {short: name for name, short in SHORT_DTYPE.items()}
 DEFAULT_ANCHORS = {"cuda": ("sdpa-flash", "sdpa-cudnn"), "cpu": ("sdpa-math",)}
 
 
@@ -67,7 +78,10 @@ def grid_spec(config: pytest.Config, device: str) -> GridSpec:
     return GridSpec(
         seqlens=parse_ints(bench_option(config, "--bench-seqlens"), base.seqlens),
         head_dims=parse_ints(bench_option(config, "--bench-head-dims"), base.head_dims),
-        dtypes=parse_names(bench_option(config, "--bench-dtypes"), base.dtypes),
+        dtypes=tuple(
+            LONG_DTYPE.get(name, name)
+            for name in parse_names(bench_option(config, "--bench-dtypes"), base.dtypes)
+        ),
         modes=parse_names(bench_option(config, "--bench-modes"), base.modes),
         tokens=base.tokens,
         hidden=base.hidden,
@@ -103,9 +117,17 @@ class BenchState:
 
 
 @pytest.fixture(scope="session")
-def bench_state(request: pytest.FixtureRequest) -> BenchState:
+def bench_state(request: pytest.FixtureRequest) -> Iterator[BenchState]:
+    """The session state; on the CPU torch runs single-threaded (CPU time of spinning OpenMP
+    workers on a shared 2-core box says more about the neighbours than about the kernel)."""
+    import torch
+
     device = bench_device(request.config)
-    return BenchState(device=device, flush=L2Flush(device))
+    threads = torch.get_num_threads()
+    if device == "cpu":
+        torch.set_num_threads(1)
+    yield BenchState(device=device, flush=L2Flush(device))
+    torch.set_num_threads(threads)
 
 
 def kernel_names(config: pytest.Config) -> tuple[str, ...]:

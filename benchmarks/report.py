@@ -57,7 +57,7 @@ def grid_table(infos: Iterable[dict]) -> list[str]:
 
 def calibrated_table(infos: Iterable[dict]) -> list[str]:
     """Rows of the CPU gate: speed relative to the calibration anchor."""
-    rows = [i for i in infos if "tflops" not in i and "median_s" in i]
+    rows = [i for i in infos if "tflops" not in i and "mem_exponent" not in i and "median_s" in i]
     if not rows:
         return []
     lines = [
@@ -71,6 +71,19 @@ def calibrated_table(infos: Iterable[dict]) -> list[str]:
         lines.append(
             f"| {i['kernel']} | {i['config']} | {1e3 * i['median_s']:.2f} | {vs} | {note} |"
         )
+    return lines
+
+
+def memory_table(infos: Iterable[dict]) -> list[str]:
+    """Rows of the memory-growth check: peak extra memory at N and 4N, growth exponent."""
+    rows = [i for i in infos if "mem_exponent" in i]
+    if not rows:
+        return []
+    lines = ["| kernel | N | peak extra MiB | growth exponent |", "|---|---|---|---|"]
+    for i in rows:
+        n = " / ".join(map(str, i["mem_n"]))
+        mib = " / ".join(f"{b / 2**20:.1f}" for b in i["mem_peak_bytes"])
+        lines.append(f"| {i['kernel']} | {n} | {mib} | {i['mem_exponent']:.2f} |")
     return lines
 
 
@@ -137,6 +150,7 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
         lines += [f"(no plot: {why_not})", ""]
     for title, body in (
         ("Kernels (TFLOP/s)", grid_table(infos)),
+        ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))", memory_table(infos)),
         ("Suite hot paths (CPU gate)", calibrated_table(infos)),
     ):
         if body:
