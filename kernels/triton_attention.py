@@ -339,10 +339,10 @@ def _bwd_dkdv_inner(
         lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
 
-        p_t = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
-                      - lse2[None, :])
+        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
         if MASKED:
-            p_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), p_t, 0.0)
+            s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse2[None, :])
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
@@ -445,13 +445,13 @@ def _bwd_dq_inner(
                        HEAD_DIM, BLOCK_D, MASKED)
         v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
                        HEAD_DIM_V, BLOCK_DV, MASKED)
-        p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-                    - lse2[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = (offs_n < n_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
-            p = tl.where(visible, p, 0.0)
+            s = tl.where(visible, s, float("-inf"))
+        p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)
