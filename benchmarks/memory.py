@@ -3,11 +3,14 @@
 CUDA: ``torch.cuda.max_memory_allocated()`` after ``reset_peak_memory_stats()``, minus the
 bytes allocated before the call. CPU: the process's peak resident set (``VmHWM``), reset by
 writing ``5`` to ``/proc/self/clear_refs`` (Linux >= 4.0), minus the resident set before the
-call; coarse (page granular, includes allocator slack) but enough to tell O(N) from O(N^2).
+call, after ``malloc_trim(0)`` has handed freed heap pages back (else reused resident pages hide
+allocations); coarse (page granular) but enough to tell O(N) from O(N^2).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import math
 from collections.abc import Callable
@@ -24,6 +27,14 @@ def _status_bytes(field: str) -> int:
         if line.startswith(field + ":"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"{field} missing from {_STATUS}")
+
+
+def _malloc_trim() -> None:
+    """Return freed heap memory to the OS (glibc); a no-op where there is no ``malloc_trim``."""
+    libc_name = ctypes.util.find_library("c")
+    trim = getattr(ctypes.CDLL(libc_name), "malloc_trim", None) if libc_name else None
+    if trim is not None:
+        trim(0)
 
 
 def cpu_peak_supported() -> str | None:
@@ -47,6 +58,7 @@ def peak_extra_bytes(fn: Callable[[], object], device: str) -> int:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated()
     else:
+        _malloc_trim()
         before = _status_bytes("VmRSS")
         _CLEAR_REFS.write_text("5")
         result = fn()
