@@ -273,11 +273,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "            visible = (offs_n < n_k)[None, :]\n"
         "            if CAUSAL:\n"
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
-        '            s = tl.where(visible, s, float("-inf"))\n',
+        '            s = tl.where(visible, s, float("-inf"))\n'
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
         "            visible = (offs_n >= 0)[None, :]\n"
         "            if CAUSAL:\n"
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
-        '            s = tl.where(visible, s, float("-inf"))\n',
+        '            s = tl.where(visible, s, float("-inf"))\n'
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
         "tail tile not masked",
         "The forward's masked tile drops the keys < n_k test: keys past the end, loaded as 0, "
         "score 0 and take softmax weight. jax-ml/jax#27224 (Pallas Triton-backend FlashAttention "
@@ -287,9 +289,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "triton_diagonal_strict",
         TRITON,
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
-        '            s = tl.where(visible, s, float("-inf"))\n',
+        '            s = tl.where(visible, s, float("-inf"))\n'
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
         "                visible = visible & (offs_n[None, :] < offs_m[:, None] + (n_k - n_q))\n"
-        '            s = tl.where(visible, s, float("-inf"))\n',
+        '            s = tl.where(visible, s, float("-inf"))\n'
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
         "diagonal masked off by one",
         "The forward's causal mask uses < instead of <=, hiding each query's diagonal key (only in "
         "the forward: the backward still uses <=).",
@@ -297,8 +301,10 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_masked_fill_finite",
         TRITON,
-        '            s = tl.where(visible, s, float("-inf"))\n',
-        "            s = tl.where(visible, s, -1.0e30)\n",
+        '            s = tl.where(visible, s, float("-inf"))\n'
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
+        "            s = tl.where(visible, s, -1.0e30)\n"
+        "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
         "mean(V) on fully masked rows",
         "Masked scores are filled with a finite -1e30 instead of -inf: fine while a row has one "
         "visible key, but a row with none gets a uniform softmax over the tile, i.e. mean(V) "
@@ -340,8 +346,9 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_bwd_ignores_causal",
         TRITON,
-        "            p_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), p_t, 0.0)\n",
-        "            p_t = tl.where(offs_m[None, :] < n_q, p_t, 0.0)\n",
+        "            s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, "
+        'float("-inf"))\n',
+        "            s_t = tl.where(offs_m[None, :] < n_q, s_t, float(\"-inf\"))\n",
         "backward ignores the causal flag",
         "The dK/dV kernel's diagonal tiles keep only the query-tail mask and lose the causal one, "
         "so dK and dV collect gradient from queries that never saw the key (dQ stays right).",
