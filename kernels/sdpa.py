@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels.capabilities import Capabilities
+from kernels.capabilities import Capabilities, Limit
 
 _LOW = frozenset({torch.float16, torch.bfloat16})
 
@@ -53,6 +53,17 @@ sdpa_math = _make(
     Capabilities(causal_alignment="top-left", returns_lse=False),
     "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype.",
 )
+#: Found by flashprop on the H200 (torch 2.11.0+cu130): the flash backend reads views whose base
+#: and row strides are not 16-byte aligned with vector loads and dies with "CUDA error: misaligned
+#: address" (the CUDA context is lost) instead of copying or refusing, e.g.
+#: Problem(b=2, hq=4, hkv=2, nq=17, nk=1, d=8, dtype=bfloat16, layout='sliced', seed=5).
+FLASH_MISALIGNED_VIEWS = Limit(
+    reason="SDPA flash crashes (CUDA error: misaligned address) on views with a base or row "
+    "stride that is not 16-byte aligned (torch 2.11, H200)",
+    applies=lambda p: p.layout == "sliced",
+    raises=False,
+)
+
 sdpa_flash = _make(
     SDPBackend.FLASH_ATTENTION,
     Capabilities(
@@ -63,6 +74,7 @@ sdpa_flash = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
+        limits=(FLASH_MISALIGNED_VIEWS,),
     ),
     "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16.",
 )

@@ -36,7 +36,8 @@ class KernelRefused(Exception):
     """The kernel raised a clear error (ValueError, TypeError, NotImplementedError)."""
 
 
-#: Kernels that broke the CUDA context: name -> the failure that did it.
+#: Kernels that broke the CUDA context: name -> the failure that did it. The context is the
+#: process's, so once it is broken every later GPU test of any kernel is skipped, saying why.
 BROKEN: dict[str, str] = {}
 
 _CUDA_FATAL = (
@@ -113,11 +114,14 @@ def run_kernel(
         ) from err
     except Exception as err:
         text = f"{type(err).__name__}: {err}"
+        message = failure(kernel, problem, prop, [f"the kernel raised {text}"], backward=backward)
         if any(s in str(err) for s in _CUDA_FATAL):
-            BROKEN[kernel.name] = f"{prop}: {text}\n{problem.describe()}"
-        raise PropertyFailure(
-            failure(kernel, problem, prop, [f"the kernel raised {text}"], backward=backward)
-        ) from err
+            # A dead CUDA context cannot be shrunk or rerun: stop Hypothesis (pytest.fail is a
+            # BaseException it does not catch) and report this problem once, as it is.
+            BROKEN[kernel.name] = f"{prop}: {text.splitlines()[0]}"
+            record(kernel.name, prop, "failed", 0.0, message)
+            pytest.fail("the CUDA context is broken, no shrinking possible\n" + message, pytrace=False)
+        raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         raise PropertyFailure(failure(kernel, problem, prop, ["declares returns_lse but returned only o"]))
     return Outputs(o, lse, *grads)
@@ -237,10 +241,11 @@ def run_property(
     (error-contract properties), else ``None`` for a pass; it raises on failure. ``weight``
     scales the profile's ``max_examples`` for expensive properties.
     """
-    if kernel.name in BROKEN:
+    if BROKEN:
+        culprit, what = next(iter(BROKEN.items()))
         pytest.skip(
-            f"kernel {kernel.name} broke the CUDA context earlier (reported there): "
-            f"{BROKEN[kernel.name].splitlines()[0]}"
+            f"the CUDA context is broken since kernel {culprit} failed in {what} (reported there); "
+            "test each kernel in its own process (ci/gpu-check does)"
         )
     base = settings.default
     n = max(1, round(base.max_examples * weight))
