@@ -17,13 +17,10 @@ entries (lse of empty rows) must sit at the same places with the same value in b
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 
 from kernels.registry import Kernel
-from properties.check import Outputs, PropertyFailure, failure, reference_for
+from properties.check import Outputs, PropertyFailure, failure, reference_for, yardstick_precision
 from properties.problem import Problem
 from properties.tolerance import budget
 from refimpl import attention_golden, attention_yardstick
@@ -33,20 +30,6 @@ FORWARD = ("o", "lse")
 
 Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Index = tuple[slice, ...]
-
-
-@contextlib.contextmanager
-def _matmul_precision(kernel: Kernel, q: torch.Tensor) -> Iterator[None]:
-    """Run the yardstick's float32 matmuls in tf32 when the kernel declares tf32 (as check.py does)."""
-    if kernel.capabilities.fp32_matmul != "tf32" or not q.is_cuda:
-        yield
-        return
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | None = None,
@@ -61,7 +44,7 @@ def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | None = None
     kw = dict(causal=problem.causal, scale=problem.scale if scale is None else scale,
               alignment=kernel.capabilities.causal_alignment)
     golden = Outputs(*attention_golden(q, k, v, **kw))
-    with torch.no_grad(), _matmul_precision(kernel, q):
+    with torch.no_grad(), yardstick_precision(kernel.capabilities.fp32_matmul == "tf32", q):
         yard = Outputs(*attention_yardstick(q, k, v, **kw))
     return golden, yard
 

@@ -143,8 +143,7 @@ def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> 
             for n, t in zip(("dq", "dk", "dv"), abs_bounds, strict=True)
         }
     qy, ky, vy = (t.detach().requires_grad_(backward) for t in (q, k, v))
-    tf32_ctx = _tf32() if tf32 and q.is_cuda else contextlib.nullcontext()
-    with tf32_ctx, torch.set_grad_enabled(backward):
+    with yardstick_precision(tf32, q), torch.set_grad_enabled(backward):
         oy, lsey = attention_yardstick(qy, ky, vy, **kw)
         yard = Outputs(oy.detach(), lsey.detach())
         if backward:
@@ -153,7 +152,11 @@ def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> 
 
 
 @contextlib.contextmanager
-def _tf32():
+def yardstick_precision(tf32: bool, q: torch.Tensor):
+    """Run the yardstick's float32 CUDA matmuls in tf32 when the kernel declares tf32 products."""
+    if not (tf32 and q.is_cuda):
+        yield
+        return
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
@@ -178,27 +181,11 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
             continue
         actual = getattr(out, name)
         if actual is None:
-            results.append(
-                Comparison(
-                    name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0, "no gradient returned"
-                )
-            )
+            results.append(Comparison.outright(name, "no gradient returned"))
             continue
         if name == "o" and actual.dtype != problem.dtype:
             results.append(
-                Comparison(
-                    name,
-                    False,
-                    float("inf"),
-                    None,
-                    None,
-                    None,
-                    0.0,
-                    0.0,
-                    0.0,
-                    0.0,
-                    f"output dtype {actual.dtype} != input dtype {problem.dtype}",
-                )
+                Comparison.outright(name, f"output dtype {actual.dtype} != input dtype {problem.dtype}")
             )
             continue
         magnitude = golden.bounds.get(name) if golden.bounds else None

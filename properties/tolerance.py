@@ -75,6 +75,11 @@ class Comparison:
     ratio: float
     reason: str = ""
 
+    @classmethod
+    def outright(cls, name: str, reason: str) -> Comparison:
+        """A failure that needs no budget: a missing tensor, a wrong shape or dtype."""
+        return cls(name, False, float("inf"), None, None, None, 0.0, 0.0, 0.0, 0.0, reason)
+
     def describe(self) -> str:
         head = f"{self.name}: " + (self.reason + "; " if self.reason else "")
         at = ""
@@ -129,19 +134,7 @@ def compare(
     g = golden.detach().to(device=a.device, dtype=torch.float64)
     y = yardstick.detach().to(device=a.device, dtype=torch.float64)
     if a.shape != g.shape:
-        return Comparison(
-            name,
-            False,
-            float("inf"),
-            None,
-            None,
-            None,
-            0.0,
-            0.0,
-            0.0,
-            RATIO[name][dtype],
-            f"shape {tuple(a.shape)} != expected {tuple(g.shape)}",
-        )
+        return Comparison.outright(name, f"shape {tuple(a.shape)} != expected {tuple(g.shape)}")
     if magnitude is None:
         finite_g = g[torch.isfinite(g)]
         magnitude = float(finite_g.abs().max()) if finite_g.numel() else 0.0
