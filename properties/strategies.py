@@ -91,8 +91,9 @@ def problems(
     use_scale = (caps.custom_scale and draw(st.booleans())) if explicit_scale is None else explicit_scale
     scale = draw(st.sampled_from([0.03125, 0.125, 0.5, 1.0, 2.0])) if use_scale else None
     layout = draw(st.sampled_from(layouts if caps.any_strides else ("contiguous",)))
-    block_m = draw(st.sampled_from(caps.block_m)) if caps.block_m else None
-    block_n = draw(st.sampled_from(caps.block_n)) if caps.block_n else None
+    # A declared tile or none at all: the default path (autotuned on a GPU) is what users call.
+    block_m = draw(st.one_of(st.sampled_from(caps.block_m), st.none())) if caps.block_m else None
+    block_n = draw(st.one_of(st.sampled_from(caps.block_n), st.none())) if caps.block_n else None
     p = Problem(
         b=b,
         hq=hkv * group,
