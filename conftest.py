@@ -27,7 +27,7 @@ _SLOW_OK = [
 ]
 settings.register_profile(
     "ci",
-    max_examples=12,
+    max_examples=20,
     derandomize=True,
     deadline=None,
     database=None,
