@@ -105,7 +105,7 @@ def device(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def kernel(request: pytest.FixtureRequest, device: str):
-    from kernels.registry import KernelUnavailable, load_kernel
+    from kernels.registry import KernelUnavailable, load_kernel, observe_outputs
 
     spec = request.param
     if spec not in _LOADED:
@@ -120,7 +120,7 @@ def kernel(request: pytest.FixtureRequest, device: str):
         pytest.skip(
             f"kernel {spec} does not declare device {device} (declares {sorted(loaded.capabilities.devices)})"
         )
-    return loaded
+    return observe_outputs(loaded, device)
 
 
 @pytest.fixture(scope="session")

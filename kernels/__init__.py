@@ -1,7 +1,14 @@
 """The kernel contract (capabilities, registry, loader) and the kernels under test."""
 
 from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
-from kernels.registry import BUILTIN, Kernel, KernelUnavailable, default_kernel, load_kernel
+from kernels.registry import (
+    BUILTIN,
+    Kernel,
+    KernelUnavailable,
+    default_kernel,
+    load_kernel,
+    observe_outputs,
+)
 
 __all__ = [
     "BUILTIN",
@@ -12,4 +19,5 @@ __all__ = [
     "Limit",
     "default_kernel",
     "load_kernel",
+    "observe_outputs",
 ]

@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -45,6 +45,8 @@ class Kernel:
     name: str
     fn: Callable
     capabilities: Capabilities
+    #: Whether ``fn`` carried its own ``capabilities`` (False: full support is assumed).
+    declared: bool = True
 
     def __call__(self, q, k, v, *, causal=False, scale=None, block_m=None, block_n=None):
         """Call the kernel; returns ``(o, lse)`` with ``lse=None`` when it returns only ``o``."""
@@ -95,7 +97,25 @@ def load_kernel(spec: str) -> Kernel:
     caps = getattr(fn, "capabilities", FULL_SUPPORT)
     if not isinstance(caps, Capabilities):
         raise TypeError(f"kernel {spec}: .capabilities must be a kernels.Capabilities, got {type(caps)}")
-    return Kernel(name=spec, fn=fn, capabilities=caps)
+    return Kernel(name=spec, fn=fn, capabilities=caps, declared=hasattr(fn, "capabilities"))
+
+
+def observe_outputs(kernel: Kernel, device: str) -> Kernel:
+    """An undeclared kernel claims full support, but whether it returns ``(o, lse)`` or only
+    ``o`` is what it does: one tiny call on ``device`` decides, and a kernel returning only
+    ``o`` is then checked on ``o``. Declared kernels (and ones that fail the probe, which the
+    properties then report) come back unchanged."""
+    if kernel.declared:
+        return kernel
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 4, 8, generator=g).to(device) for _ in range(3))
+    try:
+        out = kernel.fn(q, k, v, causal=False)
+    except Exception:  # the properties report a kernel that cannot run
+        return kernel
+    if isinstance(out, tuple | list):
+        return kernel
+    return replace(kernel, capabilities=replace(kernel.capabilities, returns_lse=False))
 
 
 def default_kernel(device: str) -> str:

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_leaves
 
 import properties.test_error_contract as error_contract
 from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
-from kernels.registry import Kernel, load_kernel
+from kernels.registry import Kernel, load_kernel, observe_outputs
 from kernels.sdpa import sdpa_flash
 from properties.check import PropertyFailure, assert_close_to_golden, references, run_kernel
 from properties.problem import LAYOUTS, Problem
@@ -255,8 +255,9 @@ wrong_o.capabilities = Capabilities(returns_lse=False)
 
 def test_registry_loads_names_modules_and_files(tmp_path: Path):
     """A registered name, a module:attr and a path/to/file.py:attr all load. A plain callable
-    claims full support; a kernel returning only o (declaring returns_lse=False) is checked on
-    o alone, and a wrong o is still caught; full support returning only o is a failure."""
+    claims full support (an undeclared one returning only o is observed to return no lse); a
+    kernel returning only o (declaring returns_lse=False) is checked on o alone, and a wrong o is
+    still caught; full support declared but only o returned is a failure."""
     named, dotted = load_kernel("ref-blocked"), load_kernel("refimpl.blocked:attention")
     assert named.fn is dotted.fn is blocked_attention
     assert named.capabilities == blocked_attention.capabilities
@@ -264,6 +265,9 @@ def test_registry_loads_names_modules_and_files(tmp_path: Path):
     path.write_text(textwrap.dedent(USER_KERNEL))
     plain, only_o, wrong_o = (load_kernel(f"{path}:{attr}") for attr in ("plain", "only_o", "wrong_o"))
     assert plain.capabilities is FULL_SUPPORT
+    assert observe_outputs(plain, "cpu") is plain
+    plain_only_o = Kernel(name="meta-plain-only-o", fn=only_o.fn, capabilities=FULL_SUPPORT, declared=False)
+    assert not observe_outputs(plain_only_o, "cpu").capabilities.returns_lse
     p = Problem(nq=7, nk=5, causal=True)
     assert_close_to_golden(plain, p, "meta", run_kernel(plain, p, "meta"), ("o", "lse"))
     out = run_kernel(only_o, p, "meta")
