@@ -67,20 +67,27 @@ def attention_golden(
     """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks."""
     _, group = check_shapes(q, k, v)
     scale = default_scale(q.shape[-1], scale)
-    q64 = q.to(torch.float64)
-    k64, v64 = _expand_kv(k.to(torch.float64), group), _expand_kv(v.to(torch.float64), group)
-    nq, nk = q.shape[2], k.shape[2]
     state = SoftmaxState.identity(q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
+    for _, vc, s in _key_chunks(q.to(torch.float64), k, v, group, scale, causal, alignment, chunk):
+        state = state.merge(SoftmaxState.from_scores(s, vc))
+    return state.finalize()
+
+
+def _key_chunks(q64, k, v, group, scale, causal, alignment, chunk):
+    """Per key chunk: float64 keys and values (expanded to the query heads) and the masked
+    logits ``scale * q k^T`` (-inf where the key is not visible). Memory O(Nq * chunk)."""
+    k64, v64 = _expand_kv(k.to(torch.float64), group), _expand_kv(v.to(torch.float64), group)
+    nq, nk = q64.shape[2], k.shape[2]
     for start in range(0, nk, chunk):
         stop = min(start + chunk, nk)
-        s = scale * (q64 @ k64[:, :, start:stop].transpose(-1, -2))
+        kc, vc = k64[:, :, start:stop], v64[:, :, start:stop]
+        s = scale * (q64 @ kc.transpose(-1, -2))
         mask = visible_mask(
-            nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device
+            nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q64.device
         )
         if mask is not None:
             s = s.masked_fill(~mask, NEG_INF)
-        state = state.merge(SoftmaxState.from_scores(s, v64[:, :, start:stop]))
-    return state.finalize()
+        yield kc, vc, s
 
 
 @torch.no_grad()
@@ -102,8 +109,7 @@ def attention_golden_backward(
     scale = default_scale(q.shape[-1], scale)
     o, lse = attention_golden(q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk)
     q64, do64 = q.to(torch.float64), do.to(torch.float64)
-    k64, v64 = _expand_kv(k.to(torch.float64), group), _expand_kv(v.to(torch.float64), group)
-    nq, nk = q.shape[2], k.shape[2]
+    nk = k.shape[2]
     delta = (do64 * o).sum(-1, keepdim=True)
     lse_safe = torch.where(lse == NEG_INF, 0.0, lse)[..., None]
     dq = torch.zeros_like(q64)
@@ -112,15 +118,7 @@ def attention_golden_backward(
     abs_delta = (abs_do * o.abs()).sum(-1, keepdim=True)
     dq_abs = torch.zeros_like(q64)
     dk_abs_parts, dv_abs_parts = [], []
-    for start in range(0, nk, chunk):
-        stop = min(start + chunk, nk)
-        kc, vc = k64[:, :, start:stop], v64[:, :, start:stop]
-        s = scale * (q64 @ kc.transpose(-1, -2))
-        mask = visible_mask(
-            nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q.device
-        )
-        if mask is not None:
-            s = s.masked_fill(~mask, NEG_INF)
+    for kc, vc, s in _key_chunks(q64, k, v, group, scale, causal, alignment, chunk):
         p = torch.exp(s - lse_safe)
         dv_parts.append(p.transpose(-1, -2) @ do64)
         ds = p * (do64 @ vc.transpose(-1, -2) - delta)
