@@ -5,6 +5,8 @@ Options:
     --device cpu|cuda                         where tensors live (default: cuda if available)
     --max-examples N                          override the profile's examples per property
     --max-n N                                 largest sequence length drawn
+    --tally-json PATH                         write the per-property tallies as JSON too
+                                              (merged by ``python -m properties.report``)
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
 
@@ -63,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--device", default=None, choices=("cpu", "cuda"), help="tensor device")
     group.addoption("--max-examples", type=int, default=None, help="examples per property")
     group.addoption("--max-n", type=int, default=None, help="largest sequence length drawn")
+    group.addoption(
+        "--tally-json", default=None, help="also write the per-property tallies to this JSON file"
+    )
 
 
 def _device(config: pytest.Config) -> str:
@@ -135,8 +140,10 @@ def sizes(request: pytest.FixtureRequest, device: str):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from properties.report import TALLIES, summary_lines
+    from properties.report import TALLIES, dump, summary_lines
 
+    if config.getoption("--tally-json"):
+        dump(config.getoption("--tally-json"))
     lines = summary_lines()
     if not lines:
         return

@@ -124,6 +124,8 @@ def test_attention_speed(
         torch.cuda.empty_cache()
         pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
     benchmark.pedantic(call, setup=flush, rounds=rounds_for(per_call, device), iterations=1)
+    if benchmark.disabled:  # --benchmark-disable: a compile/smoke pass, nothing is measured
+        return
     seconds = benchmark.stats.stats.median
     bench_state.anchor_seconds.setdefault((name, cfg), seconds)
     ratios = {}

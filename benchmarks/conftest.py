@@ -89,7 +89,7 @@ def grid_spec(config: pytest.Config, device: str) -> GridSpec:
 
 
 def bench_subset(config: pytest.Config) -> str | None:
-    subset = bench_option(config, "--bench-subset")
+    subset = bench_option(config, "--bench-subset") or None  # "" is the full grid
     if subset is not None and subset not in SUBSETS:
         raise pytest.UsageError(f"--bench-subset {subset!r}: known subsets {sorted(SUBSETS)}")
     return subset

@@ -27,9 +27,23 @@ def unavailable_reason() -> str | None:
     return None
 
 
+#: Recompilations allowed per process. The suite draws many shapes, dtypes and head dims; past
+#: Dynamo's default limit (8) it would silently run flex_attention *eagerly* (an unfused dense
+#: path), so the limit is raised and hitting it raises instead of falling back.
+RECOMPILE_LIMIT = 256
+
+
 @functools.cache
 def _compiled():
-    return torch.compile(flex_attention, dynamic=False)
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
+    torch._dynamo.config.accumulated_recompile_limit = max(
+        torch._dynamo.config.accumulated_recompile_limit, RECOMPILE_LIMIT
+    )
+    torch._dynamo.config.fail_on_recompile_limit_hit = True
+    # dynamic=None: automatic dynamic shapes, so a new sequence length does not recompile each time
+    return torch.compile(flex_attention, dynamic=None)
 
 
 @functools.lru_cache(maxsize=64)

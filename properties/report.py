@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -45,3 +48,43 @@ def summary_lines() -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     return [lines[0], "-" * len(lines[0]), *lines[1:]]
+
+
+def dump(path: str) -> None:
+    """Write the tallies as JSON (one pytest process's share of a parallel run)."""
+    rows = [
+        {"kernel": k, "property": p, "passed": t.passed, "refused": t.refused, "failed": t.failed,
+         "seconds": t.seconds, "last_failure": t.last_failure}
+        for (k, p), t in sorted(TALLIES.items())
+    ]
+    with open(path, "w") as f:
+        json.dump(rows, f, indent=1)
+
+
+def merge(paths: list[str]) -> None:
+    """Add the tallies dumped by other processes into :data:`TALLIES`."""
+    for path in paths:
+        with open(path) as f:
+            for row in json.load(f):
+                tally = TALLIES[(row["kernel"], row["property"])]
+                for outcome in OUTCOMES:
+                    setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
+                tally.seconds += row["seconds"]
+                tally.last_failure = row["last_failure"] or tally.last_failure
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m properties.report TALLY.json...``: the merged table; exit 1 if any failed."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("tallies", nargs="+", help="files written by pytest --tally-json")
+    args = parser.parse_args(argv)
+    merge(args.tallies)
+    print("\n".join(summary_lines()))
+    failed = [(k, t) for k, t in sorted(TALLIES.items()) if t.failed]
+    for (kernel, prop), t in failed:
+        print(f"\n--- {kernel} / {prop}: {t.failed} failed\n{t.last_failure}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
