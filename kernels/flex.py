@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from kernels.capabilities import Capabilities
+from kernels.capabilities import Capabilities, Limit
 
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -60,8 +60,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
     """FlexAttention ``(o, lse)`` with bottom-right causal masking."""
     if q.device.type != "cuda":
         raise NotImplementedError("the flex adapter runs compiled FlexAttention on CUDA only")
-    if q.dtype not in attention.capabilities.dtypes:
+    caps = attention.capabilities
+    if q.dtype not in caps.dtypes:
         raise TypeError(f"flex adapter does not take {q.dtype}")
+    # Inductor's own refusal of other head dims is an InductorError (LoweringException
+    # "NYI: embedding dimension ... must be at least 16"), not a clear error: check first.
+    if q.shape[-1] not in caps.head_dims or v.shape[-1] not in caps.head_dims:
+        raise NotImplementedError(
+            f"flex adapter: head dims D={q.shape[-1]}, Dv={v.shape[-1]} not in {sorted(caps.head_dims)}"
+        )
     block_mask = _causal_block_mask(q.shape[2], k.shape[2], str(q.device)) if causal else None
     o, lse = _compiled()(
         q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=True
@@ -69,9 +76,21 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
     return o, lse
 
 
+#: Found by flashprop on the H200 (torch 2.11.0+cu130): with a head dim of 16 under dynamic
+#: shapes, Inductor finds no kernel for flex_attention and raises InductorError
+#: ("LoweringException: NoValidChoicesError: No choices to select"), e.g.
+#: Problem(b=1, hq=8, hkv=2, nq=127, nk=127, d=16, dv=16, dtype=float16, causal=True).
+D16_NO_CHOICES = Limit(
+    reason="Inductor has no flex_attention kernel choice for head dim 16 with dynamic shapes "
+    "(InductorError NoValidChoicesError; torch 2.11, H200)",
+    applies=lambda p: 16 in (p.d, p.dv),
+    raises=False,
+)
+
 attention.capabilities = Capabilities(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     head_dims=frozenset({16, 32, 64, 128, 256}),
     devices=frozenset({"cuda"}),
     fp32_matmul="tf32",
+    limits=(D16_NO_CHOICES,),
 )

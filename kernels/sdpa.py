@@ -9,6 +9,7 @@ lse. A problem the pinned backend refuses ("No available kernel") is re-raised a
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -53,6 +54,38 @@ sdpa_math = _make(
     Capabilities(causal_alignment="top-left", returns_lse=False),
     "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype.",
 )
+def _dispatcher_limit(backend: str, can_use_name: str) -> Limit:
+    """Problems PyTorch's own SDPA dispatcher check rejects for ``backend``.
+
+    ``torch.backends.cuda.can_use_*_attention`` is the check behind "No available kernel"; its
+    rules change between releases (on the H200, torch 2.11: flash refuses causal with
+    Nq != Nk and a last-dim stride != 1; efficient refuses D or Dv not a multiple of 8 in
+    fp16/bf16 (4 in fp32) and GQA; cuDNN refuses Nk = 1 and more), so the adapters ask it
+    rather than copy its rules. Refused problems are undeclared: the error-contract property
+    checks that they raise (NotImplementedError), every other property skips them. The check
+    is asked with gradients on, so the refusal covers backward-only restrictions too.
+    """
+    can_use = getattr(torch.backends.cuda, can_use_name, None)
+
+    def applies(p) -> bool:
+        if can_use is None or p.device != "cuda" or not torch.cuda.is_available():
+            return False
+        q, k, v = p.inputs(requires_grad=p.dtype.is_floating_point)
+        try:
+            params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, p.causal, p.hq != p.hkv)
+        except TypeError:  # releases before enable_gqa
+            params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, p.causal)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return not can_use(params, False)
+
+    return Limit(
+        reason=f"PyTorch's SDPA dispatcher rejects it for {backend} "
+        f"(torch.backends.cuda.{can_use_name} is False; the backend raises 'No available kernel')",
+        applies=applies,
+    )
+
+
 #: Found by flashprop on the H200 (torch 2.11.0+cu130): the flash backend reads views whose base
 #: and row strides are not 16-byte aligned with vector loads and dies with "CUDA error: misaligned
 #: address" (the CUDA context is lost) instead of copying or refusing, e.g.
@@ -60,6 +93,17 @@ sdpa_math = _make(
 FLASH_MISALIGNED_VIEWS = Limit(
     reason="SDPA flash crashes (CUDA error: misaligned address) on views with a base or row "
     "stride that is not 16-byte aligned (torch 2.11, H200)",
+    applies=lambda p: p.layout == "sliced",
+    raises=False,
+)
+
+#: Found by flashprop on the H200 (torch 2.11.0+cu130), like the flash backend's crash above:
+#: Problem(b=1, hq=6, hkv=3, nq=1, nk=4, d=8, dv=40, dtype=float16, layout='sliced',
+#: dist='spikes', seed=7776) dies with "CUDA error: misaligned address" in the cuDNN backend
+#: although the dispatcher accepts it.
+CUDNN_MISALIGNED_VIEWS = Limit(
+    reason="SDPA cuDNN crashes (CUDA error: misaligned address) on sliced views whose base is "
+    "not 16-byte aligned (torch 2.11, H200)",
     applies=lambda p: p.layout == "sliced",
     raises=False,
 )
@@ -74,7 +118,7 @@ sdpa_flash = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
-        limits=(FLASH_MISALIGNED_VIEWS,),
+        limits=(FLASH_MISALIGNED_VIEWS, _dispatcher_limit("flash", "can_use_flash_attention")),
     ),
     "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16.",
 )
@@ -86,6 +130,7 @@ sdpa_efficient = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
+        limits=(_dispatcher_limit("efficient", "can_use_efficient_attention"),),
     ),
     "SDPA memory-efficient backend (xformers cutlass kernels), CUDA fp16/bf16/fp32.",
 )
@@ -98,6 +143,7 @@ sdpa_cudnn = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
+        limits=(CUDNN_MISALIGNED_VIEWS, _dispatcher_limit("cuDNN", "can_use_cudnn_attention")),
     ),
     "SDPA cuDNN backend (FlashAttention-3 class on Hopper), CUDA fp16/bf16.",
 )
