@@ -76,14 +76,15 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
     return o, lse
 
 
-#: Found by flashprop on the H200 (torch 2.11.0+cu130): with a head dim of 16 under dynamic
-#: shapes, Inductor finds no kernel for flex_attention and raises InductorError
+#: Found by flashprop on the H200 (torch 2.11.0+cu130): for GQA with a causal block mask under
+#: dynamic shapes, Inductor finds no kernel for flex_attention and raises InductorError
 #: ("LoweringException: NoValidChoicesError: No choices to select"), e.g.
-#: Problem(b=1, hq=8, hkv=2, nq=127, nk=127, d=16, dv=16, dtype=float16, causal=True).
-D16_NO_CHOICES = Limit(
-    reason="Inductor has no flex_attention kernel choice for head dim 16 with dynamic shapes "
-    "(InductorError NoValidChoicesError; torch 2.11, H200)",
-    applies=lambda p: 16 in (p.d, p.dv),
+#: Problem(b=1, hq=8, hkv=2, nq=127, nk=127, d=16, dtype=float16, causal=True) and
+#: Problem(b=1, hq=4, hkv=1, nq=127, nk=127, d=64, dtype=float16, causal=True).
+GQA_CAUSAL_NO_CHOICES = Limit(
+    reason="Inductor has no flex_attention kernel choice for GQA with a causal block mask under "
+    "dynamic shapes (InductorError NoValidChoicesError; torch 2.11, H200)",
+    applies=lambda p: p.causal and p.hq != p.hkv,
     raises=False,
 )
 
@@ -92,5 +93,5 @@ attention.capabilities = Capabilities(
     head_dims=frozenset({16, 32, 64, 128, 256}),
     devices=frozenset({"cuda"}),
     fp32_matmul="tf32",
-    limits=(D16_NO_CHOICES,),
+    limits=(GQA_CAUSAL_NO_CHOICES,),
 )

@@ -533,9 +533,18 @@ _MAX_GRID_Y: int = 65535
 _AUTOTUNE_MIN_SCORES: int = 512 * 512
 
 
+#: Narrowest padded head dim. tl.dot needs 16; on a GPU the tiles are at least 64 wide, because
+#: Triton 3.6 compiles narrower ones into a kernel that reads shared memory out of bounds on
+#: Hopper: found by the fuzz run on the H200 (CUDA error: illegal memory access; compute-sanitizer
+#: "Invalid __shared__ read of size 512 bytes") for D = 17, Dv = 16 (tiles 32 and 16), Nk = 1,
+#: bf16, causal, 64 x 64 tiles; the same problem padded to 64 passes memcheck. Related upstream
+#: reports: triton issues 10486 and 11366 (wgmma, BLOCK_D = 32, num_warps = 4).
+_MIN_TILE_DIM: int = 16 if INTERPRET else 64
+
+
 def _pow2_dim(d: int) -> int:
-    """Head dim padded to a tile width: the next power of two, at least 16 (tl.dot's minimum)."""
-    return max(16, triton.next_power_of_2(d))
+    """Head dim padded to a tile width: the next power of two, at least _MIN_TILE_DIM."""
+    return max(_MIN_TILE_DIM, triton.next_power_of_2(d))
 
 
 def _smem_bytes(resident: int, streamed: int, width: int, itemsize: int, stages: int) -> int:
