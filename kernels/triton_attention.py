@@ -108,27 +108,29 @@ def _load_tile(
     stride_r,
     stride_c,
     n_rows,
-    N_COLS: tl.constexpr,
-    BLOCK_COLS: tl.constexpr,
+    n_cols,
+    EVEN_COLS: tl.constexpr,
     CHECK_ROWS: tl.constexpr,
 ):
-    """Load ``base[rows, cols]``; entries with ``cols >= N_COLS`` (padding of the head dim) or,
-    when CHECK_ROWS, ``rows >= n_rows`` are never read and come back as 0."""
+    """Load ``base[rows, cols]``; entries with ``cols >= n_cols`` (padding of the head dim) or,
+    when CHECK_ROWS, ``rows >= n_rows`` are never read and come back as 0. EVEN_COLS states that
+    the tile is exactly ``n_cols`` wide (no column mask needed). The head dim is a runtime value,
+    so one compiled kernel serves every head dim that pads to the same tile width."""
     ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
     if CHECK_ROWS:
-        tile = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :], other=0.0)
-    elif BLOCK_COLS != N_COLS:
-        tile = tl.load(ptrs, mask=(cols < N_COLS)[None, :], other=0.0)
+        tile = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+    elif not EVEN_COLS:
+        tile = tl.load(ptrs, mask=(cols < n_cols)[None, :], other=0.0)
     else:
         tile = tl.load(ptrs)
     return tile
 
 
 @triton.jit
-def _store_tile(base, tile, rows, cols, stride_r, stride_c, n_rows, N_COLS: tl.constexpr):
-    """Store ``tile`` to ``base[rows, cols]`` for ``rows < n_rows`` and ``cols < N_COLS``."""
+def _store_tile(base, tile, rows, cols, stride_r, stride_c, n_rows, n_cols):
+    """Store ``tile`` to ``base[rows, cols]`` for ``rows < n_rows`` and ``cols < n_cols``."""
     ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
-    mask = (rows < n_rows)[:, None] & (cols < N_COLS)[None, :]
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     tl.store(ptrs, tile.to(base.dtype.element_ty), mask=mask)
 
 
@@ -162,7 +164,7 @@ def _fwd_inner(
     acc, m_i, l_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, lo, hi, n_q, n_k, qk_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -177,7 +179,7 @@ def _fwd_inner(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k,
-                       HEAD_DIM, BLOCK_D, MASKED)
+                       head_dim, EVEN_D, MASKED)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = (offs_n < n_k)[None, :]
@@ -193,7 +195,7 @@ def _fwd_inner(
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
-                       HEAD_DIM_V, BLOCK_DV, MASKED)
+                       head_dim_v, EVEN_DV, MASKED)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
                      out_dtype=acc.dtype)
         m_i = m_new
@@ -209,7 +211,7 @@ def _attn_fwd(
     stride_ob, stride_oh, stride_om, stride_od,
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -234,7 +236,7 @@ def _attn_fwd(
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
-    q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, N_Q, HEAD_DIM, BLOCK_D, True)
+    q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
     m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
@@ -244,13 +246,13 @@ def _attn_fwd(
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, 0, full_hi, N_Q, N_K, scale2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
     )
     # the diagonal and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, full_hi, hi, N_Q, N_K, scale2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
     )
 
     # epilogue: rows that saw no key have l_i = 0 -> o = 0, lse = -inf
@@ -258,7 +260,7 @@ def _attn_fwd(
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)
-    _store_tile(o_base, o, offs_m, offs_dv, stride_om, stride_od, N_Q, HEAD_DIM_V)
+    _store_tile(o_base, o, offs_m, offs_dv, stride_om, stride_od, N_Q, head_dim_v)
     tl.store(LSE + off_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
@@ -274,7 +276,7 @@ def _attn_bwd_preprocess(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dlb, stride_dlh, stride_dlm,
     H_Q, N_Q,
-    HEAD_DIM_V: tl.constexpr, BLOCK_DV: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    head_dim_v, EVEN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, ACC_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr,
 ):
     """Delta = rowsum(dO * o) - dlse and lse2 = lse * log2(e), with lse2 = +inf on empty rows
@@ -292,9 +294,9 @@ def _attn_bwd_preprocess(
     row_ok = offs_m < N_Q
 
     o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh, offs_m, offs_dv,
-                   stride_om, stride_od, N_Q, HEAD_DIM_V, BLOCK_DV, True)
+                   stride_om, stride_od, N_Q, head_dim_v, EVEN_DV, True)
     do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_dv,
-                    stride_dom, stride_dod, N_Q, HEAD_DIM_V, BLOCK_DV, True)
+                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True)
     dlse = tl.load(DLSE + off_b * stride_dlb + off_h * stride_dlh + offs_m * stride_dlm,
                    mask=row_ok, other=0.0)
     delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1) - dlse.to(ACC_DTYPE)
@@ -318,7 +320,7 @@ def _bwd_dkdv_inner(
     q_base, do_base, lse2_base, delta_base,
     stride_qm, stride_qd, stride_dom, stride_dod,
     offs_n, lo, hi, n_q, n_k, qk_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -333,9 +335,9 @@ def _bwd_dkdv_inner(
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
-        q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, HEAD_DIM, BLOCK_D, True)
+        q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, head_dim, EVEN_D, True)
         do = _load_tile(do_base, offs_m, offs_dv, stride_dom, stride_dod, n_q,
-                        HEAD_DIM_V, BLOCK_DV, True)
+                        head_dim_v, EVEN_DV, True)
         lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
 
@@ -361,7 +363,7 @@ def _attn_bwd_dkdv(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H_KV, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -378,9 +380,9 @@ def _attn_bwd_dkdv(
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
     k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh, offs_n, offs_d,
-                   stride_kn, stride_kd, N_K, HEAD_DIM, BLOCK_D, True)
+                   stride_kn, stride_kd, N_K, head_dim, EVEN_D, True)
     v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh, offs_n, offs_dv,
-                   stride_vn, stride_vd, N_K, HEAD_DIM_V, BLOCK_DV, True)
+                   stride_vn, stride_vd, N_K, head_dim_v, EVEN_DV, True)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
 
@@ -405,20 +407,20 @@ def _attn_bwd_dkdv(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, lo, masked_hi, N_Q, N_K, scale2,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, True, PRECISION,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M, True, PRECISION,
         )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, full_lo, N_Q, N_Q, N_K, scale2,
-            HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_M, False, PRECISION,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M, False, PRECISION,
         )
 
     dk = dk * tl.full([], sm_scale, ACC_DTYPE)
     _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh, dk, offs_n, offs_d,
-                stride_dkn, stride_dkd, N_K, HEAD_DIM)
+                stride_dkn, stride_dkd, N_K, head_dim)
     _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh, dv, offs_n, offs_dv,
-                stride_dvn, stride_dvd, N_K, HEAD_DIM_V)
+                stride_dvn, stride_dvd, N_K, head_dim_v)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,7 +433,7 @@ def _bwd_dq_inner(
     dq, q, do, lse2, delta,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, lo, hi, n_q, n_k, qk_scale,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
 ):
@@ -442,9 +444,9 @@ def _bwd_dq_inner(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k,
-                       HEAD_DIM, BLOCK_D, MASKED)
+                       head_dim, EVEN_D, MASKED)
         v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
-                       HEAD_DIM_V, BLOCK_DV, MASKED)
+                       head_dim_v, EVEN_DV, MASKED)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = (offs_n < n_k)[None, :]
@@ -468,7 +470,7 @@ def _attn_bwd_dq(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -486,9 +488,9 @@ def _attn_bwd_dq(
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
     q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh, offs_m, offs_d,
-                   stride_qm, stride_qd, N_Q, HEAD_DIM, BLOCK_D, True)
+                   stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True)
     do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_dv,
-                    stride_dom, stride_dod, N_Q, HEAD_DIM_V, BLOCK_DV, True)
+                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True)
     lse2 = tl.load(LSE2 + rows, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + rows, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
@@ -499,16 +501,16 @@ def _attn_bwd_dq(
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, 0, full_hi, N_Q, N_K, scale2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
     )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, full_hi, hi, N_Q, N_K, scale2,
-        HEAD_DIM, HEAD_DIM_V, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
     )
     dq = dq * tl.full([], sm_scale, ACC_DTYPE)
     _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh, dq, offs_m, offs_d,
-                stride_dqm, stride_dqd, N_Q, HEAD_DIM)
+                stride_dqm, stride_dqd, N_Q, head_dim)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,7 +627,7 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
     return triton.autotune(
         configs=configs,
-        key=["HEAD_DIM", "HEAD_DIM_V", "CAUSAL"],  # the dtype of every tensor is keyed too
+        key=["head_dim", "head_dim_v", "CAUSAL"],  # the dtype of every tensor is keyed too
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
 
@@ -709,10 +711,14 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
 
 
 def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
-    """Compile-time parameters shared by the forward and backward kernels."""
+    """Keyword parameters shared by the forward and backward kernels: the head dims (runtime
+    values) and the compile-time tile widths, which every head dim padding to the same width
+    shares (one compilation for D = 65..128, not one per D)."""
     d, dv = q.shape[-1], v.shape[-1]
+    block_d, block_dv = _pow2_dim(d), _pow2_dim(dv)
     return {
-        "HEAD_DIM": d, "HEAD_DIM_V": dv, "BLOCK_D": _pow2_dim(d), "BLOCK_DV": _pow2_dim(dv),
+        "head_dim": d, "head_dim_v": dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
+        "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv,
         "CAUSAL": bool(causal),
         "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "PRECISION": "ieee",
@@ -728,7 +734,7 @@ def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[
         return
     block_m, block_n = tiles
     itemsize = args[0].element_size()
-    options = _explicit_launch_options(block_m, block_n, meta["HEAD_DIM"], meta["HEAD_DIM_V"],
+    options = _explicit_launch_options(block_m, block_n, meta["head_dim"], meta["head_dim_v"],
                                        itemsize)
     kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
 
@@ -758,7 +764,8 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
     lse2 = torch.empty_like(lse)
     _attn_bwd_preprocess[(triton.cdiv(nq, _PREPROCESS_BLOCK_M), b * hq)](
         o, do, lse, dlse, delta, lse2, *o.stride(), *do.stride(), *dlse.stride(), hq, nq,
-        HEAD_DIM_V=meta["HEAD_DIM_V"], BLOCK_DV=meta["BLOCK_DV"], ACC_DTYPE=meta["ACC_DTYPE"],
+        head_dim_v=meta["head_dim_v"], EVEN_DV=meta["EVEN_DV"], BLOCK_DV=meta["BLOCK_DV"],
+        ACC_DTYPE=meta["ACC_DTYPE"],
         BLOCK_M=_PREPROCESS_BLOCK_M,
     )
 

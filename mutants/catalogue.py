@@ -405,8 +405,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_head_dim_capped_64",
         TRITON,
-        '"BLOCK_D": _pow2_dim(d), "BLOCK_DV": _pow2_dim(dv),',
-        '"BLOCK_D": min(64, _pow2_dim(d)), "BLOCK_DV": min(64, _pow2_dim(dv)),',
+        "    block_d, block_dv = _pow2_dim(d), _pow2_dim(dv)\n",
+        "    block_d, block_dv = min(64, _pow2_dim(d)), min(64, _pow2_dim(dv))\n",
         "head dims above 64 dropped",
         "Head-dim tiles are capped at 64 columns: dims past 64 are neither read nor written. "
         "triton-lang/triton#621 (the tutorial FlashAttention computed with q[..., :64] when "
@@ -417,11 +417,11 @@ MUTANTS: tuple[Mutant, ...] = (
         TRITON,
         "        l_i = l_i * alpha + tl.sum(p, 1)\n"
         "        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,\n"
-        "                       HEAD_DIM_V, BLOCK_DV, MASKED)\n"
+        "                       head_dim_v, EVEN_DV, MASKED)\n"
         "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n"
         "                     out_dtype=acc.dtype)\n",
         "        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,\n"
-        "                       HEAD_DIM_V, BLOCK_DV, MASKED)\n"
+        "                       head_dim_v, EVEN_DV, MASKED)\n"
         "        l_i = (l_i * alpha + tl.sum(p, 1)).to(v.dtype).to(l_i.dtype)\n"
         "        acc = tl.dot(p.to(v.dtype), v, (acc * alpha[:, None]).to(v.dtype),\n"
         "                     input_precision=PRECISION, out_dtype=v.dtype).to(acc.dtype)\n",
