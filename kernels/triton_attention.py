@@ -214,7 +214,7 @@ def _attn_fwd(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """o and lse for one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq).
 
@@ -366,7 +366,7 @@ def _attn_bwd_dkdv(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
     read it. Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
@@ -473,7 +473,7 @@ def _attn_bwd_dq(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
     start_m = tl.program_id(0) * BLOCK_M
@@ -533,6 +533,11 @@ _MAX_GRID_Y: int = 65535
 #: tiles: autotuning compiles ~20 kernels per (D, Dv, dtype, causal) key, which pays only on
 #: big problems and would dominate a property suite's many small, varied ones.
 _AUTOTUNE_MIN_SCORES: int = 512 * 512
+#: Sequences at least this long are tuned apart from shorter ones (``SEQ_CLASS``, an autotuning
+#: key that the kernels do not otherwise use). With one key per head dim the first problem seen
+#: (in the benchmark grid: N = 512) picked the tiles for every N; the likely reason why the
+#: causal forward at N = 2k ran at 0.96-0.98x SDPA flash on the H200 (not re-measured yet).
+_LONG_SEQUENCE: int = 2048
 
 
 #: Narrowest padded head dim. tl.dot needs 16; on a GPU the tiles are at least 64 wide, because
@@ -627,7 +632,8 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
     return triton.autotune(
         configs=configs,
-        key=["head_dim", "head_dim_v", "CAUSAL"],  # the dtype of every tensor is keyed too
+        # the dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences
+        key=["head_dim", "head_dim_v", "CAUSAL", "SEQ_CLASS"],
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
 
@@ -719,6 +725,7 @@ def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
     return {
         "head_dim": d, "head_dim_v": dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv,
+        "SEQ_CLASS": int(max(q.shape[2], v.shape[2]) >= _LONG_SEQUENCE),
         "CAUSAL": bool(causal),
         "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "PRECISION": "ieee",
