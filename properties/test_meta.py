@@ -334,3 +334,25 @@ def test_error_contract_catches_silent_wrong_answers(refuse: bool):
         finally:
             for key in [key for key in TALLIES if key[0] == name]:
                 del TALLIES[key]
+
+
+def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """ci/gpu-check runs one pytest per (kernel, file, seed): their tallies add up exactly."""
+    import properties.report as report
+
+    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    report.record("k", "forward", "passed", 1.0)
+    report.record("k", "forward", "failed", 0.5, "the failure")
+    report.dump(str(tmp_path / "a.json"))
+    report.TALLIES.clear()
+    report.record("k", "forward", "refused", 0.25)
+    report.record("k", "backward", "passed", 0.25)
+    report.dump(str(tmp_path / "b.json"))
+    report.TALLIES.clear()
+    assert report.main([str(tmp_path / "b.json")]) == 0
+    report.TALLIES.clear()
+    assert report.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
+    forward = report.TALLIES[("k", "forward")]
+    assert (forward.passed, forward.refused, forward.failed) == (1, 1, 1)
+    assert forward.seconds == 1.75 and forward.last_failure == "the failure"
+    assert report.TALLIES[("k", "backward")].run == 1
