@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Compile the ``triton`` kernel for Hopper (sm_90a) on a machine without a GPU.
+
+The interpreter that runs the property suite on the CPU never compiles anything, so a change
+that breaks compilation (a constexpr used as a runtime value, a layout Triton cannot lower, a
+shared-memory overflow) would only show on a GPU. ``triton.compile`` with an explicit target
+runs the whole pipeline down to a cubin with the ptxas that ships in the Triton wheel, no GPU
+needed. Compiled here: the four kernels for an even head dim (64), a masked wide one (200) and a
+narrow one (17 / 16), with the launch options the kernel itself would use for 64 x 64 tiles, and
+the first autotuning config of each tuned kernel at d = 128. Prints shared memory per kernel;
+exits 1 on the first failure.
+
+    python ci/compile_triton.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # the tox env sets 1; compilation needs the real JIT
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import kernels.triton_attention as ta
+
+TARGET = GPUTarget("cuda", 90, 32)
+#: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.
+POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE"}
+FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE"}
+FP64_SCALARS = {"qk_scale", "sm_scale"}
+DTYPE = torch.bfloat16
+
+
+def _signature(fn, constants: dict) -> dict[str, str]:
+    """Triton's type string per parameter: pointers, fp64 scales, constexprs, else i32."""
+    out = {}
+    for name in fn.arg_names:
+        if name in constants:
+            out[name] = "constexpr"
+        elif name in POINTERS:
+            out[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
+        elif name in FP64_SCALARS:
+            out[name] = "fp64"
+        else:
+            out[name] = "i32"
+    return out
+
+
+def _compile(jit, constants: dict, num_warps: int, num_stages: int) -> tuple[float, int]:
+    fn = jit
+    while not hasattr(fn, "arg_names"):  # an Autotuner wraps the JITFunction
+        fn = fn.fn
+    constants = {k: v for k, v in constants.items() if k in fn.arg_names}
+    start = time.perf_counter()
+    kernel = triton.compile(
+        ASTSource(fn, _signature(fn, constants), constants),
+        target=TARGET,
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    return time.perf_counter() - start, kernel.metadata.shared
+
+
+def _meta(d: int, dv: int) -> dict:
+    """The kernel's own compile-time parameters for a causal bf16 problem of these head dims."""
+    q = torch.empty((1, 1, 4096, d), dtype=DTYPE, device="meta")
+    v = torch.empty((1, 1, 4096, dv), dtype=DTYPE, device="meta")
+    meta = ta._meta(q, v, causal=True)
+    return {k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}
+
+
+def main() -> int:
+    kernels = {"fwd": ta._attn_fwd, "dkdv": ta._attn_bwd_dkdv, "dq": ta._attn_bwd_dq}
+    cases = []
+    for d, dv in ((64, 64), (200, 200), (17, 16)):
+        options = ta._explicit_launch_options(64, 64, d, dv, DTYPE.itemsize)
+        for name, jit in kernels.items():
+            meta = {**_meta(d, dv), "BLOCK_M": 64, "BLOCK_N": 64}
+            cases.append((f"{name} d={d} dv={dv} 64x64", jit, meta, options))
+        pre = {k: _meta(d, dv)[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
+        pre["BLOCK_M"] = ta._PREPROCESS_BLOCK_M
+        cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess, pre, {"num_warps": 4, "num_stages": 1}))
+    tuned = {"fwd": ta._FWD_CONFIGS, "dkdv": ta._DKDV_CONFIGS, "dq": ta._DQ_CONFIGS}
+    for name, configs in tuned.items():
+        config = configs[0]
+        meta = {**_meta(128, 128), **config.kwargs}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        cases.append((f"{name} d=128 autotune config {config.kwargs}", kernels[name], meta, options))
+
+    total = time.perf_counter()
+    for label, jit, meta, options in cases:
+        try:
+            seconds, smem = _compile(jit, meta, options["num_warps"], options["num_stages"])
+        except Exception as err:  # any compiler error fails the check, with its message
+            print(f"compile-triton: FAILED {label}: {type(err).__name__}: {err}", file=sys.stderr)
+            return 1
+        print(f"compile-triton: sm_90a {label}: {seconds:.1f} s, {smem} B shared memory")
+    print(f"compile-triton: {len(cases)} kernels compiled in {time.perf_counter() - total:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
