@@ -1,0 +1,99 @@
+"""Tests of ci/gpu-check, run on the CPU (``FLASHPROP_GPU_DEVICE=cpu``): device time is scarce,
+so the script's plumbing (parallel jobs, merged tallies, exit codes, deadline, benchmark chunks
+and gate) is checked where CI runs.
+
+    python -m pytest ci/test_gpu_check.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+WRONG_KERNEL = '''
+import torch
+from refimpl import attention_golden
+
+
+def attn(q, k, v, *, causal=False, scale=None):
+    """Right everywhere except that it drops the last key (a tail-masking bug)."""
+    o, lse = attention_golden(q, k[:, :, :-1], v[:, :, :-1], causal=causal, scale=scale) \\
+        if k.shape[2] > 1 else attention_golden(q, k, v, causal=causal, scale=scale)
+    return o.to(q.dtype), lse.float()
+'''
+
+
+def gpu_check(out: Path, **env: str) -> subprocess.CompletedProcess:
+    full_env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "FLASHPROP_GPU_DEVICE": "cpu",
+        "FLASHPROP_GPU_PROFILE": "ci",
+        "FLASHPROP_GPU_JOBS": "2",
+        "FLASHPROP_GPU_FILES": "properties/test_golden.py",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(ROOT / "ci" / "gpu-check"), str(out)],
+        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
+    run = gpu_check(
+        tmp_path / "out",
+        FLASHPROP_GPU_PHASES="properties fuzz",
+        FLASHPROP_GPU_KERNELS="sdpa-math@4",
+        FLASHPROP_GPU_FUZZ_KERNELS="ref-blocked",
+        FLASHPROP_GPU_FUZZ_EXAMPLES="6",
+        FLASHPROP_GPU_FUZZ_SPLIT="2",
+    )
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert run.returncode == 0, run.stdout + run.stderr + report
+    rows = {tuple(line.split()[:3]) for line in report.splitlines() if line[:1].isalpha()}
+    assert ("sdpa-math", "forward", "4") in rows  # --max-examples from NAME@N
+    assert ("ref-blocked", "forward", "6") in rows  # two seeds x 3 examples, merged
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fuzz.log", "properties.log", "report.md"]
+
+
+def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):
+    kernel = tmp_path / "wrong.py"
+    kernel.write_text(WRONG_KERNEL)
+    run = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
+                    FLASHPROP_GPU_KERNELS=f"{kernel}:attn@10")
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "property 'forward' failed" in report and "repro (run from the flashprop root)" in report
+
+
+def test_jobs_past_the_pool_deadline_are_reported_not_run(tmp_path: Path):
+    run = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
+                    FLASHPROP_GPU_KERNELS="sdpa-math", FLASHPROP_GPU_POOL_SECONDS="1")
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert run.returncode == 1
+    assert "properties.sdpa-math.test_golden.-: exit 125" in report
+
+
+def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
+    """A fresh baseline is written and passes; gating the same run (phase ``gate`` alone, on the
+    bench.json already in the folder) against a baseline 3x faster fails with a table."""
+    baseline, out = tmp_path / "base.json", tmp_path / "out"
+    env = {"FLASHPROP_GPU_BENCH_KERNELS": "ref-blocked", "FLASHPROP_GPU_BASELINE": str(baseline),
+           "FLASHPROP_BENCH_SEQLENS": "128"}
+    first = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", **env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert {"bench.json", "bench.png", "bench.md", "base.json"} <= {p.name for p in out.iterdir()}
+    data = json.loads(baseline.read_text())
+    for per_config in data["entries"].values():
+        for config, ratios in per_config.items():
+            per_config[config] = {anchor: 3 * r for anchor, r in ratios.items()}
+    baseline.write_text(json.dumps(data))
+    gate = gpu_check(out, FLASHPROP_GPU_PHASES="gate", **env)
+    report = (out / "report.md").read_text()
+    assert gate.returncode == 1, gate.stdout + gate.stderr + report
+    assert "REGRESSION" in report and "-66.7%" in report
