@@ -86,38 +86,33 @@ def _dispatcher_limit(backend: str, can_use_name: str) -> Limit:
     )
 
 
-#: Found by flashprop on the H200 (torch 2.11.0+cu130): the flash backend reads views whose base
-#: and row strides are not 16-byte aligned with vector loads and dies with "CUDA error: misaligned
-#: address" (the CUDA context is lost) instead of copying or refusing, e.g.
-#: Problem(b=2, hq=4, hkv=2, nq=17, nk=1, d=8, dtype=bfloat16, layout='sliced', seed=5).
-FLASH_MISALIGNED_VIEWS = Limit(
-    reason="SDPA flash crashes (CUDA error: misaligned address) on views with a base or row "
-    "stride that is not 16-byte aligned (torch 2.11, H200)",
-    applies=lambda p: p.layout == "sliced",
-    raises=False,
-)
+def _misaligned_views(backend: str, symptom: str) -> Limit:
+    """A finding of flashprop on the H200 (torch 2.11.0+cu130): the dispatcher accepts sliced
+    views whose base is not 16-byte aligned (``layout='sliced'``: NaN-poisoned neighbours), and
+    the backend then fails with ``symptom`` instead of copying the input or refusing it clearly.
+    Declared ``raises=False``: such problems are skipped with this reason."""
+    return Limit(
+        reason=f"SDPA {backend}: {symptom} on sliced views whose base is not 16-byte aligned, "
+        "which its dispatcher accepts (torch 2.11, H200)",
+        applies=lambda p: p.layout == "sliced",
+        raises=False,
+    )
 
-#: Found by flashprop on the H200 (torch 2.11.0+cu130), like the flash backend's crash above:
-#: Problem(b=1, hq=6, hkv=3, nq=1, nk=4, d=8, dv=40, dtype=float16, layout='sliced',
-#: dist='spikes', seed=7776) dies with "CUDA error: misaligned address" in the cuDNN backend
-#: although the dispatcher accepts it.
-CUDNN_MISALIGNED_VIEWS = Limit(
-    reason="SDPA cuDNN crashes (CUDA error: misaligned address) on sliced views whose base is "
-    "not 16-byte aligned (torch 2.11, H200)",
-    applies=lambda p: p.layout == "sliced",
-    raises=False,
-)
 
-#: Found by flashprop on the H200 (torch 2.11.0+cu130): the dispatcher accepts sliced views
-#: whose base is not 16-byte aligned, then the efficient backend raises
-#: "RuntimeError: cutlassF: no kernel found to launch!" -- a refusal, but not a clear one
-#: (the error contract asks for ValueError, TypeError or NotImplementedError), e.g.
-#: Problem(b=1, hq=1, hkv=1, nq=1, nk=1, d=8, dv=8, dtype=float16, layout='sliced').
-EFFICIENT_MISALIGNED_VIEWS = Limit(
-    reason="SDPA efficient raises RuntimeError('cutlassF: no kernel found to launch!') on "
-    "sliced views whose base is not 16-byte aligned, which its dispatcher accepts (torch 2.11, H200)",
-    applies=lambda p: p.layout == "sliced",
-    raises=False,
+#: e.g. Problem(b=2, hq=4, hkv=2, nq=17, nk=1, d=8, dtype=bfloat16, layout='sliced', seed=5)
+FLASH_MISALIGNED_VIEWS = _misaligned_views(
+    "flash", "crashes with 'CUDA error: misaligned address' (the CUDA context is lost)"
+)
+#: e.g. Problem(b=1, hq=6, hkv=3, nq=1, nk=4, d=8, dv=40, dtype=float16, layout='sliced',
+#: dist='spikes', seed=7776)
+CUDNN_MISALIGNED_VIEWS = _misaligned_views(
+    "cuDNN", "crashes with 'CUDA error: misaligned address' (the CUDA context is lost)"
+)
+#: e.g. Problem(b=1, hq=1, hkv=1, nq=1, nk=1, d=8, dv=8, dtype=float16, layout='sliced'): a
+#: refusal, but not a clear one (the error contract asks for ValueError, TypeError or
+#: NotImplementedError)
+EFFICIENT_MISALIGNED_VIEWS = _misaligned_views(
+    "efficient", "raises RuntimeError('cutlassF: no kernel found to launch!')"
 )
 
 sdpa_flash = _make(
