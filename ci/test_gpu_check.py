@@ -7,6 +7,7 @@ and gate) is checked where CI runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -87,7 +88,10 @@ def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
            "FLASHPROP_BENCH_SEQLENS": "128"}
     first = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", **env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert {"bench.json", "bench.png", "bench.md", "base.json"} <= {p.name for p in out.iterdir()}
+    written = {"bench.json", "bench.md", "base.json"}
+    if importlib.util.find_spec("matplotlib"):  # the plot is skipped without it (tox's py env)
+        written.add("bench.png")
+    assert written <= {p.name for p in out.iterdir()}
     data = json.loads(baseline.read_text())
     for per_config in data["entries"].values():
         for config, ratios in per_config.items():
