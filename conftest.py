@@ -6,6 +6,7 @@ Options:
     --max-examples N                          override the profile's examples per property
     --max-n N                                 largest sequence length drawn
     --tally-json PATH                         write the per-property tallies as JSON too
+    --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
                                               (merged by ``python -m properties.report``)
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
@@ -68,6 +69,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--tally-json", default=None, help="also write the per-property tallies to this JSON file"
     )
+    group.addoption(
+        "--replay",
+        default=None,
+        metavar="PROPERTY:Problem(...)",
+        help="run only PROPERTY, on only this problem (as a failure report prints it)",
+    )
 
 
 def _device(config: pytest.Config) -> str:
@@ -86,6 +93,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if _device(config) == "cpu":
         # Triton kernels run on CPU tensors only under the interpreter; set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    replay = config.getoption("--replay")
+    if replay:
+        import properties.check
+        from properties.problem import Problem
+
+        prop, _, text = replay.partition(":")
+        properties.check.REPLAY = (prop, Problem.parse(text))
     n = config.getoption("--max-examples")
     if n is not None:
         settings.register_profile("flashprop-cli", settings(settings.default, max_examples=n))

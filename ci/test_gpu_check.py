@@ -37,6 +37,7 @@ def gpu_check(out: Path, **env: str) -> subprocess.CompletedProcess:
         "FLASHPROP_GPU_PROFILE": "ci",
         "FLASHPROP_GPU_JOBS": "2",
         "FLASHPROP_GPU_FILES": "properties/test_golden.py",
+        "FLASHPROP_GPU_REPLAYS": "0",
         **env,
     }
     return subprocess.run(
@@ -66,10 +67,11 @@ def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):
     kernel = tmp_path / "wrong.py"
     kernel.write_text(WRONG_KERNEL)
     run = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
-                    FLASHPROP_GPU_KERNELS=f"{kernel}:attn@10")
+                    FLASHPROP_GPU_KERNELS=f"{kernel}:attn@10", FLASHPROP_GPU_REPLAYS="2")
     report = (tmp_path / "out" / "report.md").read_text()
     assert run.returncode == 1, run.stdout + run.stderr
     assert "property 'forward' failed" in report and "repro (run from the flashprop root)" in report
+    assert "forward: reproduces (2 of 2 failed: failed, failed)" in report
 
 
 def test_jobs_past_the_pool_deadline_are_reported_not_run(tmp_path: Path):

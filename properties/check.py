@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from kernels.registry import Kernel
@@ -59,8 +61,26 @@ def failure(
         *details,
         "repro (run from the flashprop root):",
         *("    " + line for line in problem.repro(kernel.name, backward=backward).splitlines()),
+        "replay this property on this problem alone:",
+        "    " + replay_command(kernel.name, prop, problem),
     ]
     return "\n".join(lines)
+
+
+def replay_command(kernel: str, prop: str, problem: Problem) -> str:
+    """The pytest command that runs property ``prop`` on ``problem`` only (``--replay``), aimed
+    at the running test function (from ``PYTEST_CURRENT_TEST``) when there is one."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("[")[0]
+    arg = f"{prop}:{problem.describe()}"
+    quoted = f'"{arg}"' if not set(arg) & set('"$`\\!') else shlex.quote(arg)  # readable quoting
+    return (
+        f"python -m pytest {current or 'properties'} -q -p no:cacheprovider "
+        f"--kernel {shlex.quote(kernel)} --device {problem.device} --replay {quoted}"
+    )
+
+
+#: Set by ``--replay PROPERTY:Problem(...)``: run only that property, on only that problem.
+REPLAY: tuple[str, Problem] | None = None
 
 
 @dataclass
@@ -236,6 +256,12 @@ def run_property(
         )
     base = settings.default
     n = max(1, round(base.max_examples * weight))
+    if REPLAY is not None:
+        replay_prop, replay_problem = REPLAY
+        if prop != replay_prop:
+            pytest.skip(f"--replay runs property {replay_prop!r} only")
+        problems, n = st.just(replay_problem), 1
+        base = settings(base, database=None, phases=[Phase.generate])
 
     @settings(base, max_examples=n)
     @given(problems)

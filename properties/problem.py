@@ -21,6 +21,7 @@ Value distributions for q and k (v and dO are always standard normal):
 
 from __future__ import annotations
 
+import ast
 import math
 from dataclasses import asdict, dataclass, replace
 
@@ -133,6 +134,24 @@ class Problem:
         fields = {k: v for k, v in asdict(self).items() if v is not None}
         fields["dtype"] = DTYPE_NAMES[self.dtype]
         return "Problem(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+
+    @classmethod
+    def parse(cls, text: str) -> Problem:
+        """The problem that :meth:`describe` (or :meth:`constructor`) printed: ``Problem(b=2, ...,
+        dtype='float16')``. Only literal keyword values are read (no code is run)."""
+        tree = ast.parse(text.strip(), mode="eval").body
+        if not (isinstance(tree, ast.Call) and isinstance(tree.func, ast.Name) and tree.func.id == "Problem"):
+            raise ValueError(f"not a Problem(...) description: {text!r}")
+        fields = {}
+        for kw in tree.keywords:
+            if kw.arg == "dtype" and isinstance(kw.value, ast.Attribute):  # torch.float16
+                fields["dtype"] = kw.value.attr
+            else:
+                fields[kw.arg] = ast.literal_eval(kw.value)
+        names = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+        if "dtype" in fields:
+            fields["dtype"] = names[fields["dtype"]]
+        return cls(**fields)
 
     def constructor(self) -> str:
         fields = {k: v for k, v in asdict(self).items() if v is not None}

@@ -155,6 +155,17 @@ def test_golden_runs_n8192_on_cpu():
 # --------------------------------------------------------------------------- problems
 
 
+@given(problems(FULL_SUPPORT, sizes=META_SIZES), st.sampled_from([None, 0.125, -1.5]))
+def test_problems_parse_back_from_their_descriptions(p: Problem, scale: float | None):
+    """--replay reads the problem a failure report printed: describe() and constructor() both
+    parse back to the same problem."""
+    p = p.replace(scale=scale)
+    assert Problem.parse(p.describe()) == p
+    assert Problem.parse(p.constructor()) == p
+    with pytest.raises(ValueError):
+        Problem.parse("__import__('os').system('true')")
+
+
 @given(problems(FULL_SUPPORT, sizes=META_SIZES))
 def test_layouts_hold_the_same_values_inside_nan(p: Problem):
     """Every layout holds the contiguous layout's values; the "contiguous", "sliced" and
