@@ -6,8 +6,8 @@ Options:
     --max-examples N                          override the profile's examples per property
     --max-n N                                 largest sequence length drawn
     --tally-json PATH                         write the per-property tallies as JSON too
-    --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
                                               (merged by ``python -m properties.report``)
+    --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
 
@@ -28,35 +28,12 @@ _SLOW_OK = [
     HealthCheck.filter_too_much,
     HealthCheck.function_scoped_fixture,
 ]
-settings.register_profile(
-    "ci",
-    max_examples=20,
-    derandomize=True,
-    deadline=None,
-    database=None,
-    suppress_health_check=_SLOW_OK,
-    print_blob=True,
-)
-settings.register_profile(
-    "dev", max_examples=30, deadline=None, suppress_health_check=_SLOW_OK, print_blob=True
-)
-settings.register_profile(
-    "fuzz",
-    max_examples=500,
-    deadline=None,
-    suppress_health_check=_SLOW_OK,
-    print_blob=True,
-    phases=list(Phase),
-)
-settings.register_profile(
-    "gpu",
-    max_examples=100,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    suppress_health_check=_SLOW_OK,
-    print_blob=True,
-)
+#: What every profile shares: no deadline (kernels compile on first call), slow examples allowed.
+_BASE = settings(deadline=None, suppress_health_check=_SLOW_OK, print_blob=True)
+settings.register_profile("ci", _BASE, max_examples=20, derandomize=True, database=None)
+settings.register_profile("dev", _BASE, max_examples=30)
+settings.register_profile("fuzz", _BASE, max_examples=500, phases=list(Phase))
+settings.register_profile("gpu", _BASE, max_examples=100, derandomize=True, database=None)
 settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
 
 

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from properties.problem import DTYPE_NAMES, Problem
+from properties.problem import DTYPES_BY_NAME, Problem
 
 MODES = ("fwd", "fwd+bwd")
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}
-DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 
 
@@ -74,7 +73,7 @@ class Config:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        return DTYPES_BY_NAME[self.dtype]
 
     @property
     def flops(self) -> float:

@@ -80,10 +80,11 @@ def main() -> int:
     cases = []
     for d, dv in ((64, 64), (200, 200), (17, 16)):
         options = ta._explicit_launch_options(64, 64, d, dv, DTYPE.itemsize)
+        meta = _meta(d, dv)
         for name, jit in kernels.items():
-            meta = {**_meta(d, dv), "BLOCK_M": 64, "BLOCK_N": 64}
-            cases.append((f"{name} d={d} dv={dv} 64x64", jit, meta, options))
-        pre = {k: _meta(d, dv)[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
+            tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
+            cases.append((f"{name} d={d} dv={dv} 64x64", jit, {**meta, **tiles}, options))
+        pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
         pre["BLOCK_M"] = ta._PREPROCESS_BLOCK_M
         cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess, pre, {"num_warps": 4, "num_stages": 1}))
     tuned = {"fwd": ta._FWD_CONFIGS, "dkdv": ta._DKDV_CONFIGS, "dq": ta._DQ_CONFIGS}

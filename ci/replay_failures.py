@@ -21,7 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-MARKER = "replay this property on this problem alone:"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from properties.report import REPLAY_HEADER
 
 
 def replay_commands(paths: list[Path]) -> dict[tuple[str, str], str]:
@@ -31,8 +33,8 @@ def replay_commands(paths: list[Path]) -> dict[tuple[str, str], str]:
         for row in json.loads(path.read_text()):
             message = row.get("last_failure") or ""
             lines = message.splitlines()
-            if row["failed"] and MARKER in lines:
-                found[(row["kernel"], row["property"])] = lines[lines.index(MARKER) + 1].strip()
+            if row["failed"] and REPLAY_HEADER in lines:
+                found[(row["kernel"], row["property"])] = lines[lines.index(REPLAY_HEADER) + 1].strip()
     return found
 
 

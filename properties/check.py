@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from kernels.registry import Kernel
 from properties.problem import Problem
-from properties.report import record
+from properties.report import REPLAY_HEADER, record
 from properties.tolerance import Comparison, compare
 from refimpl import attention_golden, attention_golden_backward, attention_yardstick
 
@@ -61,7 +61,7 @@ def failure(
         *details,
         "repro (run from the flashprop root):",
         *("    " + line for line in problem.repro(kernel.name, backward=backward).splitlines()),
-        "replay this property on this problem alone:",
+        REPLAY_HEADER,
         "    " + replay_command(kernel.name, prop, problem),
     ]
     return "\n".join(lines)

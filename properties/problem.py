@@ -35,6 +35,7 @@ DTYPE_NAMES = {
     torch.float32: "float32",
     torch.float64: "float64",
 }
+DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 _POISON_PAD = 64
 
 
@@ -148,9 +149,8 @@ class Problem:
                 fields["dtype"] = kw.value.attr
             else:
                 fields[kw.arg] = ast.literal_eval(kw.value)
-        names = {name: dtype for dtype, name in DTYPE_NAMES.items()}
         if "dtype" in fields:
-            fields["dtype"] = names[fields["dtype"]]
+            fields["dtype"] = DTYPES_BY_NAME[fields["dtype"]]
         return cls(**fields)
 
     def constructor(self) -> str:

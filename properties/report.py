@@ -6,9 +6,12 @@ import argparse
 import json
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 OUTCOMES = ("passed", "refused", "failed")
+#: The line of a failure report after which comes the command that replays it alone
+#: (written by properties.check.failure, read by ci/replay_failures.py).
+REPLAY_HEADER = "replay this property on this problem alone:"
 
 
 @dataclass
@@ -52,11 +55,7 @@ def summary_lines() -> list[str]:
 
 def dump(path: str) -> None:
     """Write the tallies as JSON (one pytest process's share of a parallel run)."""
-    rows = [
-        {"kernel": k, "property": p, "passed": t.passed, "refused": t.refused, "failed": t.failed,
-         "seconds": t.seconds, "last_failure": t.last_failure}
-        for (k, p), t in sorted(TALLIES.items())
-    ]
+    rows = [{"kernel": k, "property": p, **asdict(t)} for (k, p), t in sorted(TALLIES.items())]
     with open(path, "w") as f:
         json.dump(rows, f, indent=1)
 
