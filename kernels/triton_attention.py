@@ -154,6 +154,16 @@ def _key_range(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     return full_hi, hi
 
 
+@triton.jit
+def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """First query row of this program's tile. Causal: programs run the last query tiles (the
+    ones that see the most keys) first, so the lightest tiles fill the GPU's last wave."""
+    pid = tl.program_id(0)
+    if CAUSAL:
+        pid = tl.num_programs(0) - 1 - pid
+    return pid * BLOCK_M
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 2: forward
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +231,7 @@ def _attn_fwd(
     LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e), passed as fp64 so that
     fp64 runs are not rounded through fp32.
     """
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
@@ -476,7 +486,7 @@ def _attn_bwd_dq(
     SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
-    start_m = tl.program_id(0) * BLOCK_M
+    start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
