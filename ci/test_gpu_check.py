@@ -63,6 +63,24 @@ def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fuzz.log", "properties.log", "report.md"]
 
 
+def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
+    """FLASHPROP_GPU_FUZZ_ONLY (finishing a cut-off run) starts only the KERNEL.FILE.SEED named."""
+    run = gpu_check(
+        tmp_path / "out",
+        FLASHPROP_GPU_PHASES="fuzz",
+        FLASHPROP_GPU_FUZZ_KERNELS="ref-blocked sdpa-math",
+        FLASHPROP_GPU_FUZZ_EXAMPLES="6",
+        FLASHPROP_GPU_FUZZ_SPLIT="2",
+        FLASHPROP_GPU_FUZZ_ONLY="sdpa-math.test_golden.2",
+    )
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert run.returncode == 0, run.stdout + run.stderr + report
+    rows = {tuple(line.split()[:3]) for line in report.splitlines() if line[:1].isalpha()}
+    assert ("sdpa-math", "forward", "3") in rows  # one seed of two
+    assert not any(row[0] == "ref-blocked" for row in rows)
+    assert "(1 processes)" in report
+
+
 def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):
     kernel = tmp_path / "wrong.py"
     kernel.write_text(WRONG_KERNEL)
