@@ -126,7 +126,8 @@ def sizes(request: pytest.FixtureRequest, device: str):
 
     max_n = request.config.getoption("--max-n")
     if device == "cuda":
-        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4, max_work=20_000_000)
+        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4, max_work=20_000_000,
+                     long_n=(512, 1100))
     return Sizes(max_n=max_n or 48, max_work=400_000)
 
 

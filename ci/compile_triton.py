@@ -5,10 +5,11 @@ The interpreter that runs the property suite on the CPU never compiles anything,
 that breaks compilation (a constexpr used as a runtime value, a layout Triton cannot lower, a
 shared-memory overflow) would only show on a GPU. ``triton.compile`` with an explicit target
 runs the whole pipeline down to a cubin with the ptxas that ships in the Triton wheel, no GPU
-needed. Compiled here: the four kernels for an even head dim (64), a masked wide one (200) and a
-narrow one (17 / 16), with the launch options the kernel itself would use for 64 x 64 tiles, and
-the first autotuning config of each tuned kernel at d = 128. Prints shared memory per kernel;
-exits 1 on the first failure.
+needed. Compiled here: the four unspecialised kernels (explicit and fixed tiles) for an even head
+dim (64), a masked wide one (200) and a narrow one (17 / 16), with the launch options the kernel
+itself would use for 64 x 64 tiles, and the first autotuning config of each tuned kernel at
+d = 128 specialised as Triton's launcher would for a contiguous problem (unit strides constant,
+the rest multiples of 16). Prints shared memory per kernel; exits 1 on the first failure.
 
     python ci/compile_triton.py
 """
@@ -27,6 +28,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
 
 import kernels.triton_attention as ta
 
@@ -53,14 +55,34 @@ def _signature(fn, constants: dict) -> dict[str, str]:
     return out
 
 
-def _compile(jit, constants: dict, num_warps: int, num_stages: int) -> tuple[float, int]:
+def _specialized(fn, constants: dict) -> tuple[dict, dict]:
+    """Constants and attributes as Triton's launcher makes them for a contiguous problem with
+    D = 128, N = 4096, MHA: unit strides (and GROUP = 1) become the constant 1; every other
+    integer and every pointer is known to be a multiple of 16 (elements / bytes)."""
+    constants = dict(constants)
+    attrs = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constants or name in FP64_SCALARS:
+            continue
+        if name == "GROUP" or (name.startswith("stride_") and name.endswith("d")):
+            constants[name] = 1
+        else:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return constants, attrs
+
+
+def _compile(jit, constants: dict, num_warps: int, num_stages: int,
+             specialize: bool = False) -> tuple[float, int]:
     fn = jit
-    while not hasattr(fn, "arg_names"):  # an Autotuner wraps the JITFunction
+    while not isinstance(fn, JITFunction):  # an Autotuner wraps the JITFunction
         fn = fn.fn
     constants = {k: v for k, v in constants.items() if k in fn.arg_names}
+    attrs = None
+    if specialize:
+        constants, attrs = _specialized(fn, constants)
     start = time.perf_counter()
     kernel = triton.compile(
-        ASTSource(fn, _signature(fn, constants), constants),
+        ASTSource(fn, _signature(fn, constants), constants, attrs),
         target=TARGET,
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
@@ -76,28 +98,34 @@ def _meta(d: int, dv: int) -> dict:
 
 
 def main() -> int:
-    kernels = {"fwd": ta._attn_fwd, "dkdv": ta._attn_bwd_dkdv, "dq": ta._attn_bwd_dq}
+    kernels = {"fwd": ta._attn_fwd_plain, "dkdv": ta._attn_bwd_dkdv_plain, "dq": ta._attn_bwd_dq_plain}
     cases = []
     for d, dv in ((64, 64), (200, 200), (17, 16)):
         options = ta._explicit_launch_options(64, 64, d, dv, DTYPE.itemsize)
         meta = _meta(d, dv)
         for name, jit in kernels.items():
             tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
-            cases.append((f"{name} d={d} dv={dv} 64x64", jit, {**meta, **tiles}, options))
+            label = f"{name} d={d} dv={dv} 64x64, unspecialised"
+            cases.append((label, jit, {**meta, **tiles}, options, False))
         pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
         pre["BLOCK_M"] = ta._PREPROCESS_BLOCK_M
-        cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess, pre, {"num_warps": 4, "num_stages": 1}))
-    tuned = {"fwd": ta._FWD_CONFIGS, "dkdv": ta._DKDV_CONFIGS, "dq": ta._DQ_CONFIGS}
-    for name, configs in tuned.items():
+        cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess_plain, pre,
+                      {"num_warps": 4, "num_stages": 1}, False))
+    tuned = {
+        "fwd": (ta._attn_fwd_tuned, ta._FWD_CONFIGS),
+        "dkdv": (ta._attn_bwd_dkdv_tuned, ta._DKDV_CONFIGS),
+        "dq": (ta._attn_bwd_dq_tuned, ta._DQ_CONFIGS),
+    }
+    for name, (jit, configs) in tuned.items():
         config = configs[0]
         meta = {**_meta(128, 128), **config.kwargs}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        cases.append((f"{name} d=128 autotune config {config.kwargs}", kernels[name], meta, options))
+        cases.append((f"{name} d=128 autotune config {config.kwargs}, specialised", jit, meta, options, True))
 
     total = time.perf_counter()
-    for label, jit, meta, options in cases:
+    for label, jit, meta, options, specialize in cases:
         try:
-            seconds, smem = _compile(jit, meta, options["num_warps"], options["num_stages"])
+            seconds, smem = _compile(jit, meta, options["num_warps"], options["num_stages"], specialize)
         except Exception as err:  # any compiler error fails the check, with its message
             print(f"compile-triton: FAILED {label}: {type(err).__name__}: {err}", file=sys.stderr)
             return 1

@@ -48,6 +48,7 @@ in ``tl.dot`` (triton issue 11584), so bf16 is refused there.
 """
 
 import contextlib
+import inspect
 import math
 import os
 from collections.abc import Callable
@@ -545,8 +546,9 @@ _MAX_GRID_Y: int = 65535
 _AUTOTUNE_MIN_SCORES: int = 512 * 512
 #: Sequences at least this long are tuned apart from shorter ones (``SEQ_CLASS``, an autotuning
 #: key that the kernels do not otherwise use). With one key per head dim the first problem seen
-#: (in the benchmark grid: N = 512) picked the tiles for every N; the likely reason why the
-#: causal forward at N = 2k ran at 0.96-0.98x SDPA flash on the H200 (not re-measured yet).
+#: (in the benchmark grid: N = 512) picked the tiles for every N, and the causal forward at
+#: N = 2k ran at 0.96-0.98x SDPA flash on the H200; with this key (and heaviest-first causal
+#: tiles) 1.07-1.23x (ci/results/2026-11-29-h200-s9).
 _LONG_SEQUENCE: int = 2048
 
 
@@ -653,6 +655,28 @@ _attn_bwd_dkdv_tuned = _autotuned(_attn_bwd_dkdv, _DKDV_CONFIGS, "BLOCK_N")
 _attn_bwd_dq_tuned = _autotuned(_attn_bwd_dq, _DQ_CONFIGS, "BLOCK_M")
 
 
+def _unspecialized(kernel: Callable) -> Callable:
+    """``kernel`` compiled once per set of compile-time constants, whatever its other arguments.
+
+    Triton specialises each integer argument on being 1 or a multiple of 16 and each pointer on
+    16-byte alignment, and compiles a kernel per combination: right for speed (vectorised
+    loads need to know the strides), ruinous for a property suite whose every problem has new
+    shapes and strides (on the H200 the tests ran at 0.1-0.9 examples/s, almost all compiling;
+    over 6,000 drawn problems the forward alone needed 3,262 compilations specialised and 387
+    without). Explicit and fixed tiles launch this twin; the autotuned path (large 16-bit
+    problems, what the benchmarks time) keeps the specialised kernel.
+    """
+    params = inspect.signature(kernel.fn).parameters
+    runtime = [name for name, p in params.items() if "constexpr" not in str(p.annotation)]
+    return triton.jit(kernel.fn, do_not_specialize=runtime, do_not_specialize_on_alignment=runtime)
+
+
+_attn_fwd_plain = _unspecialized(_attn_fwd)
+_attn_bwd_preprocess_plain = _unspecialized(_attn_bwd_preprocess)
+_attn_bwd_dkdv_plain = _unspecialized(_attn_bwd_dkdv)
+_attn_bwd_dq_plain = _unspecialized(_attn_bwd_dq)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 7: host side
 # ---------------------------------------------------------------------------------------------
@@ -744,8 +768,8 @@ def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
 
 def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[int, int]],
             args: tuple, meta: dict, tiles: Tiles) -> None:
-    """Launch ``kernel`` with explicit tiles, or its autotuned twin when ``tiles`` is None.
-    ``grid(BLOCK_M, BLOCK_N)`` gives the launch grid."""
+    """Launch ``kernel`` (an unspecialised twin) with explicit tiles, or the specialised,
+    autotuned ``tuned`` when ``tiles`` is None. ``grid(BLOCK_M, BLOCK_N)`` gives the grid."""
     if tiles is None:
         tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
         return
@@ -765,7 +789,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
     args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
             hq, hq // hkv, nq, nk, scale * LOG2E)
-    _launch(_attn_fwd, _attn_fwd_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
+    _launch(_attn_fwd_plain, _attn_fwd_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
             args, _meta(q, v, causal), tiles)
     return o, lse
 
@@ -779,7 +803,8 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
 
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
-    _attn_bwd_preprocess[(triton.cdiv(nq, _PREPROCESS_BLOCK_M), b * hq)](
+    preprocess = _attn_bwd_preprocess if tiles is None else _attn_bwd_preprocess_plain
+    preprocess[(triton.cdiv(nq, _PREPROCESS_BLOCK_M), b * hq)](
         o, do, lse, dlse, delta, lse2, *o.stride(), *do.stride(), *dlse.stride(), hq, nq,
         head_dim_v=meta["head_dim_v"], EVEN_DV=meta["EVEN_DV"], BLOCK_DV=meta["BLOCK_DV"],
         ACC_DTYPE=meta["ACC_DTYPE"],
@@ -790,11 +815,11 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    _launch(_attn_bwd_dkdv, _attn_bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
+    _launch(_attn_bwd_dkdv_plain, _attn_bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
              hkv, hq // hkv, nq, nk, scale * LOG2E, scale),
             meta, tiles)
-    _launch(_attn_bwd_dq, _attn_bwd_dq_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
+    _launch(_attn_bwd_dq_plain, _attn_bwd_dq_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
             (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
              hq, hq // hkv, nq, nk, scale * LOG2E, scale),
             meta, tiles)

@@ -39,15 +39,18 @@ class Sizes:
     max_head_dim: int = 256
     #: Above this many score elements (B * Hq * Nq * Nk * D), the draw prefers smaller sizes.
     max_work: int = 2_000_000
+    #: Sequence lengths of the long-sequence property (properties/test_long.py), both ends in.
+    long_n: tuple[int, int] = (129, 260)
 
 
 DEFAULT_SIZES = Sizes()
 
 
-def _seq_lens(max_n: int) -> st.SearchStrategy[int]:
-    near_tiles = sorted({n for t in (16, 32, 64, 128) for n in (t - 1, t + 1) if 1 <= n <= max_n})
-    special = [n for n in (1, 2, 3, 5, 7, 13, 17) if n <= max_n] + near_tiles
-    return st.one_of(st.sampled_from(special), st.integers(1, max_n))
+def _seq_lens(max_n: int, min_n: int = 1) -> st.SearchStrategy[int]:
+    tiles = {16, 32, 64, *range(128, max_n + 2, 128)}
+    near_tiles = sorted({n for t in tiles for n in (t - 1, t + 1) if min_n <= n <= max_n})
+    special = [n for n in (1, 2, 3, 5, 7, 13, 17) if min_n <= n <= max_n] + near_tiles
+    return st.one_of(st.sampled_from(special), st.integers(min_n, max_n))
 
 
 def _dims(allowed, max_d: int) -> st.SearchStrategy[int]:
@@ -75,25 +78,35 @@ def problems(
     explicit_scale: bool | None = None,
     layouts: tuple[str, ...] = LAYOUTS,
     dists: tuple[str, ...] = DISTRIBUTIONS,
+    min_n: int = 1,
+    head_dims: tuple[int, ...] | None = None,
+    default_tiles: bool = False,
 ) -> Problem:
-    """A problem the kernel declares. Keyword arguments pin an axis (``None``: draw it)."""
+    """A problem the kernel declares. Keyword arguments pin an axis (``None``: draw it);
+    ``min_n`` bounds both sequence lengths from below, ``head_dims`` narrows the head dims
+    drawn (those declared among them), ``default_tiles`` leaves the tiles to the kernel."""
     dtype = draw(st.sampled_from(_dtypes(caps, dtypes)))
     hkv = draw(st.integers(1, sizes.max_kv_heads))
     group = draw(st.integers(1, sizes.max_group)) if caps.gqa else 1
     b = draw(st.integers(1, sizes.max_batch))
-    nq = draw(_seq_lens(sizes.max_n if caps.max_seqlen is None else min(sizes.max_n, caps.max_seqlen)))
+    max_n = sizes.max_n if caps.max_seqlen is None else min(sizes.max_n, caps.max_seqlen)
+    nq = draw(_seq_lens(max_n, min_n))
     if unequal is None:
         unequal = caps.unequal_lengths and draw(st.booleans())
-    nk = draw(_seq_lens(sizes.max_n).filter(lambda n: n != nq)) if unequal else nq
-    d = draw(_dims(caps.head_dims, sizes.max_head_dim))
-    dv = d if caps.dv_equals_d or draw(st.booleans()) else draw(_dims(caps.dv_dims, sizes.max_head_dim))
+    nk = draw(_seq_lens(max_n, min_n).filter(lambda n: n != nq)) if unequal else nq
+    dims = caps.head_dims if head_dims is None else [d for d in head_dims if d in caps.head_dims]
+    dv_dims = caps.dv_dims if head_dims is None else [d for d in head_dims if d in caps.dv_dims]
+    d = draw(_dims(dims, sizes.max_head_dim))
+    dv = d if caps.dv_equals_d or draw(st.booleans()) else draw(_dims(dv_dims, sizes.max_head_dim))
     is_causal = (caps.causal and draw(st.booleans())) if causal is None else causal
     use_scale = (caps.custom_scale and draw(st.booleans())) if explicit_scale is None else explicit_scale
     scale = draw(st.sampled_from([0.03125, 0.125, 0.5, 1.0, 2.0])) if use_scale else None
     layout = draw(st.sampled_from(layouts if caps.any_strides else ("contiguous",)))
     # A declared tile or none at all: the default path (autotuned on a GPU) is what users call.
-    block_m = draw(st.one_of(st.sampled_from(caps.block_m), st.none())) if caps.block_m else None
-    block_n = draw(st.one_of(st.sampled_from(caps.block_n), st.none())) if caps.block_n else None
+    tiles = caps.block_m and not default_tiles
+    block_m = draw(st.one_of(st.sampled_from(caps.block_m), st.none())) if tiles else None
+    tiles = caps.block_n and not default_tiles
+    block_n = draw(st.one_of(st.sampled_from(caps.block_n), st.none())) if tiles else None
     p = Problem(
         b=b,
         hq=hkv * group,
