@@ -7,9 +7,11 @@ shared-memory overflow) would only show on a GPU. ``triton.compile`` with an exp
 runs the whole pipeline down to a cubin with the ptxas that ships in the Triton wheel, no GPU
 needed. Compiled here: the four unspecialised kernels (explicit and fixed tiles) for an even head
 dim (64), a masked wide one (200) and a narrow one (17 / 16), with the launch options the kernel
-itself would use for 64 x 64 tiles, and the first autotuning config of each tuned kernel at
-d = 128 specialised as Triton's launcher would for a contiguous problem (unit strides constant,
-the rest multiples of 16). Prints shared memory per kernel; exits 1 on the first failure.
+itself would use for 64 x 64 tiles, the forward also reading through TMA descriptors where the
+rows are 16-byte multiples; and the first autotuning config of each tuned kernel at d = 128
+(the forward with and without TMA) specialised as Triton's launcher would for a contiguous
+problem (unit strides constant, the rest multiples of 16). Prints shared memory per kernel;
+exits 1 on the first failure.
 
     python ci/compile_triton.py
 """
@@ -40,12 +42,25 @@ FP64_SCALARS = {"qk_scale", "sm_scale"}
 DTYPE = torch.bfloat16
 
 
+def _boxes(constants: dict) -> dict[str, tuple[int, int]]:
+    """The forward's TMA descriptor boxes (rows, columns) when constants["TMA"] is set."""
+    if not constants.get("TMA"):
+        return {}
+    bm, bn = constants["BLOCK_M"], constants["BLOCK_N"]
+    bd, bdv = constants["BLOCK_D"], constants["BLOCK_DV"]
+    return {"Q": (bm, bd), "K": (bn, bd), "V": (bn, bdv), "Out": (bm, bdv)}
+
+
 def _signature(fn, constants: dict) -> dict[str, str]:
-    """Triton's type string per parameter: pointers, fp64 scales, constexprs, else i32."""
+    """Triton's type string per parameter: pointers or tensor descriptors, fp64 scales,
+    constexprs, else i32."""
     out = {}
+    boxes = _boxes(constants)
     for name in fn.arg_names:
         if name in constants:
             out[name] = "constexpr"
+        elif name in boxes:
+            out[name] = "tensordesc<bf16[1, 1, {}, {}]>".format(*boxes[name])
         elif name in POINTERS:
             out[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
         elif name in FP64_SCALARS:
@@ -61,8 +76,9 @@ def _specialized(fn, constants: dict) -> tuple[dict, dict]:
     integer and every pointer is known to be a multiple of 16 (elements / bytes)."""
     constants = dict(constants)
     attrs = {}
+    boxes = _boxes(constants)
     for i, name in enumerate(fn.arg_names):
-        if name in constants or name in FP64_SCALARS:
+        if name in constants or name in FP64_SCALARS or name in boxes:
             continue
         if name == "GROUP" or (name.startswith("stride_") and name.endswith("d")):
             constants[name] = 1
@@ -89,12 +105,13 @@ def _compile(jit, constants: dict, num_warps: int, num_stages: int,
     return time.perf_counter() - start, kernel.metadata.shared
 
 
-def _meta(d: int, dv: int) -> dict:
-    """The kernel's own compile-time parameters for a causal bf16 problem of these head dims."""
+def _meta(d: int, dv: int, tma: bool = False) -> dict:
+    """The kernel's own compile-time parameters for a causal bf16 problem of these head dims
+    (``tma``: the forward reads through tensor descriptors)."""
     q = torch.empty((1, 1, 4096, d), dtype=DTYPE, device="meta")
     v = torch.empty((1, 1, 4096, dv), dtype=DTYPE, device="meta")
     meta = ta._meta(q, v, causal=True)
-    return {k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}
+    return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma}
 
 
 def main() -> int:
@@ -107,6 +124,9 @@ def main() -> int:
             tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
             label = f"{name} d={d} dv={dv} 64x64, unspecialised"
             cases.append((label, jit, {**meta, **tiles}, options, False))
+        if d % 8 == 0:  # 16-byte rows: the forward reads q, k, v through TMA descriptors
+            label = f"fwd d={d} dv={dv} 64x64 TMA, unspecialised"
+            cases.append((label, kernels["fwd"], {**_meta(d, dv, tma=True), **tiles}, options, False))
         pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
         pre["BLOCK_M"] = ta._PREPROCESS_BLOCK_M
         cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess_plain, pre,
@@ -121,6 +141,11 @@ def main() -> int:
         meta = {**_meta(128, 128), **config.kwargs}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
         cases.append((f"{name} d=128 autotune config {config.kwargs}, specialised", jit, meta, options, True))
+    config = ta._FWD_CONFIGS[0]
+    meta = {**_meta(128, 128, tma=True), **config.kwargs}
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", ta._attn_fwd_tuned, meta,
+                  options, True))
 
     total = time.perf_counter()
     for label, jit, meta, options, specialize in cases:

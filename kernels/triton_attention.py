@@ -42,6 +42,11 @@ Stages of this file:
   6. tile choice: autotuner configs (GPU) and the fixed interpreter tiles
   7. host side: input checks, launchers, autograd, ``attention`` and its capabilities
 
+Forward memory access: 16-bit q, k, v (and o) whose rows and strides are 16-byte aligned go
+through 4-D TMA tensor descriptors (Hopper's copy engine: it zero-fills rows and head-dim
+columns past the tensor, so those loads need no masks); any other layout through masked
+pointer loads. ``FLASHPROP_TRITON_TMA=0`` forces the pointer loads everywhere (to compare).
+
 CPU: under ``TRITON_INTERPRET=1`` (read when this module is imported, as Triton does) the same
 kernels run in Triton's interpreter on CPU tensors. The interpreter multiplies bf16 bit patterns
 in ``tl.dot`` (triton issue 11584), so bf16 is refused there.
@@ -57,6 +62,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from kernels.capabilities import Capabilities, Limit
 
@@ -136,6 +142,20 @@ def _store_tile(base, tile, rows, cols, stride_r, stride_c, n_rows, n_cols):
 
 
 @triton.jit
+def _load_rows(src, off_b, off_h, start, rows, cols, stride_r, stride_c, n_rows, n_cols,
+               EVEN_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr):
+    """Rows ``rows`` (= ``start`` + arange) of one (batch, head) slice. TMA: ``src`` is a 4-D tensor
+    descriptor (B, H, N, D) and the copy engine reads the box, rows and columns past the tensor
+    coming back as 0; otherwise ``src`` points at the slice and :func:`_load_tile` reads it."""
+    if TMA:
+        box = src.load([off_b, off_h, start, 0])
+        tile = box.reshape(rows.shape[0], cols.shape[0])
+    else:
+        tile = _load_tile(src, rows, cols, stride_r, stride_c, n_rows, n_cols, EVEN_COLS, CHECK_ROWS)
+    return tile
+
+
+@triton.jit
 def _key_range(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                CAUSAL: tl.constexpr):
     """Key range of the query tile [start_m, start_m + BLOCK_M).
@@ -173,13 +193,15 @@ def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 @triton.jit
 def _fwd_inner(
     acc, m_i, l_i, q,
-    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b, off_hkv,
     offs_m, lo, hi, n_q, n_k, qk_scale,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
 ):
     """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
+
+    K and V come through :func:`_load_rows`: descriptors (TMA) or pointers at the kv head.
 
     m_i is the running row maximum in base-2 units; MASKED tiles hide keys >= n_k and, when
     CAUSAL, keys right of the diagonal. A row that has seen no key yet keeps m_i = -inf; it is
@@ -189,8 +211,8 @@ def _fwd_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k,
-                       head_dim, EVEN_D, MASKED)
+        k = _load_rows(k_base, off_b, off_hkv, start_n, offs_n, offs_d, stride_kn, stride_kd,
+                       n_k, head_dim, EVEN_D, MASKED, TMA)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = (offs_n < n_k)[None, :]
@@ -205,8 +227,8 @@ def _fwd_inner(
         p = tl.exp2(s - m_sub[:, None])
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
-                       head_dim_v, EVEN_DV, MASKED)
+        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,
+                       n_k, head_dim_v, EVEN_DV, MASKED, TMA)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
                      out_dtype=acc.dtype)
         m_i = m_new
@@ -225,29 +247,36 @@ def _attn_fwd(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """o and lse for one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq).
 
     LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e), passed as fp64 so that
-    fp64 runs are not rounded through fp32.
+    fp64 runs are not rounded through fp32. TMA: Q, K, V, Out are 4-D tensor descriptors with
+    boxes (1, 1, rows, padded head dim) and the strides are unused; else they are pointers.
     """
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
-    off_b = (off_bh // H_Q).to(tl.int64)
-    off_h = (off_bh % H_Q).to(tl.int64)
-    off_hkv = off_h // GROUP
-    q_base = Q + off_b * stride_qb + off_h * stride_qh
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
-    o_base = Out + off_b * stride_ob + off_h * stride_oh
+    if TMA:  # descriptor coordinates are int32; descriptors hold their own strides
+        off_b = off_bh // H_Q
+        off_h = off_bh % H_Q
+        off_hkv = off_h // GROUP
+        q_base, k_base, v_base = Q, K, V
+    else:
+        off_b = (off_bh // H_Q).to(tl.int64)
+        off_h = (off_bh % H_Q).to(tl.int64)
+        off_hkv = off_h // GROUP
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
-    q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True)
+    q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q,
+                   head_dim, EVEN_D, True, TMA)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
     m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
@@ -255,15 +284,15 @@ def _attn_fwd(
     full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     # whole tiles every row sees: no masks
     acc, m_i, l_i = _fwd_inner(
-        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, 0, full_hi, N_Q, N_K, scale2,
-        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
+        off_hkv, offs_m, 0, full_hi, N_Q, N_K, scale2, head_dim, head_dim_v, EVEN_D, EVEN_DV,
+        BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION, TMA,
     )
     # the diagonal and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
-        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, full_hi, hi, N_Q, N_K, scale2,
-        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
+        off_hkv, offs_m, full_hi, hi, N_Q, N_K, scale2, head_dim, head_dim_v, EVEN_D, EVEN_DV,
+        BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION, TMA,
     )
 
     # epilogue: rows that saw no key have l_i = 0 -> o = 0, lse = -inf
@@ -271,7 +300,11 @@ def _attn_fwd(
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)
-    _store_tile(o_base, o, offs_m, offs_dv, stride_om, stride_od, N_Q, head_dim_v)
+    if TMA:  # the copy engine drops rows and columns past the tensor
+        Out.store([off_b, off_h, start_m, 0], o.to(Out.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))
+    else:
+        o_base = Out + off_b * stride_ob + off_h * stride_oh
+        _store_tile(o_base, o, offs_m, offs_dv, stride_om, stride_od, N_Q, head_dim_v)
     tl.store(LSE + off_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
@@ -599,11 +632,22 @@ def _fixed_tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[int, int]:
     return next(t for t in candidates if _explicit_tiles_fit(*t, d, dv, dtype))
 
 
-def _configs(tiles: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+def _configs(tiles: list[tuple[int, int, int, int]],
+             pre_hook: Callable[[dict], None] | None = None) -> list[triton.Config]:
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=pre_hook)
         for bm, bn, w, s in tiles
     ]
+
+
+def _descriptor_boxes(nargs: dict) -> None:
+    """Size the forward's descriptor boxes for the tiles being launched (an autotuner
+    pre-hook: the boxes are part of the descriptors, the tiles part of the config)."""
+    if not nargs["TMA"]:
+        return
+    bm, bn, bd, bdv = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_D"], nargs["BLOCK_DV"]
+    for name, rows, cols in (("Q", bm, bd), ("K", bn, bd), ("V", bn, bdv), ("Out", bm, bdv)):
+        nargs[name].block_shape = [1, 1, rows, cols]
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) for Hopper tensor cores (16-bit inputs only); the
@@ -611,7 +655,7 @@ def _configs(tiles: list[tuple[int, int, int, int]]) -> list[triton.Config]:
 _FWD_CONFIGS = _configs([
     (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 8, 2), (128, 32, 4, 4),
     (64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 4, 4), (64, 64, 4, 2), (64, 32, 4, 2),
-])
+], pre_hook=_descriptor_boxes)
 _DKDV_CONFIGS = _configs([
     (32, 128, 4, 3), (64, 128, 8, 3), (64, 128, 4, 2), (32, 64, 4, 3), (64, 64, 4, 3),
     (32, 128, 8, 3), (32, 64, 4, 2),
@@ -644,8 +688,9 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
     return triton.autotune(
         configs=configs,
-        # the dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences
-        key=["head_dim", "head_dim_v", "CAUSAL", "SEQ_CLASS"],
+        # the dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
+        # TMA (forward only: the backward kernels have no such argument, the key skips it)
+        key=["head_dim", "head_dim_v", "CAUSAL", "SEQ_CLASS", "TMA"],
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
 
@@ -774,10 +819,23 @@ def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[
         tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
         return
     block_m, block_n = tiles
-    itemsize = args[0].element_size()
+    itemsize = (args[0].base if isinstance(args[0], TensorDescriptor) else args[0]).element_size()
     options = _explicit_launch_options(block_m, block_n, meta["head_dim"], meta["head_dim_v"],
                                        itemsize)
     kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
+
+
+def _tma_ready(*tensors: Tensor) -> bool:
+    """Whether the forward reads and writes these (B, H, N, D) tensors through TMA descriptors:
+    16-bit, unit last stride, every other stride and the base 16-byte aligned (the copy
+    engine's rules). ``FLASHPROP_TRITON_TMA=0`` turns TMA off (pointer loads everywhere)."""
+    if os.environ.get("FLASHPROP_TRITON_TMA", "1") == "0":
+        return False
+    return all(
+        t.dtype in (torch.float16, torch.bfloat16) and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+        and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+        for t in tensors
+    )
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
@@ -787,10 +845,18 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     o = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
-    args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            hq, hq // hkv, nq, nk, scale * LOG2E)
+    tensors = (q, k, v, o)
+    strides = [t.stride() for t in tensors]
+    meta = {**_meta(q, v, causal), "TMA": _tma_ready(*tensors)}
+    if meta["TMA"]:  # boxes sized here for explicit tiles, by _descriptor_boxes when tuned
+        tensors = tuple(TensorDescriptor(t, list(t.shape), list(st), [1, 1, 16, 16])
+                        for t, st in zip(tensors, strides, strict=True))
+        block_m, block_n = tiles or (16, 16)
+        _descriptor_boxes({**dict(zip(("Q", "K", "V", "Out"), tensors, strict=True)), **meta,
+                           "BLOCK_M": block_m, "BLOCK_N": block_n})
+    args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk, scale * LOG2E)
     _launch(_attn_fwd_plain, _attn_fwd_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
-            args, _meta(q, v, causal), tiles)
+            args, meta, tiles)
     return o, lse
 
 

@@ -384,11 +384,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_strides_contiguous",
         TRITON,
-        "args = (q, k, v, o, lse, *q.stride(), *k.stride(), *v.stride(), *o.stride(),",
-        "args = (q, k, v, o, lse, *q.contiguous().stride(), *k.contiguous().stride(),\n"
-        "            *v.contiguous().stride(), *o.stride(),",
+        "    strides = [t.stride() for t in tensors]\n",
+        "    strides = [t.contiguous().stride() for t in tensors]\n",
         "strides assumed contiguous",
-        "The forward passes contiguous strides for whatever q, k, v it is given. "
+        "The forward passes contiguous strides (to its pointer loads and its TMA descriptors) "
+        "for whatever q, k, v it is given. "
         "flagos-ai/FlagGems#5896 (Triton flash attention reads a transposed V as contiguous), "
         "Dao-AILab/flash-attention#2670, ROCm/aiter#1631.",
     ),
@@ -416,12 +416,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "triton_acc_fp16",
         TRITON,
         "        l_i = l_i * alpha + tl.sum(p, 1)\n"
-        "        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,\n"
-        "                       head_dim_v, EVEN_DV, MASKED)\n"
+        "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
+        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA)\n"
         "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n"
         "                     out_dtype=acc.dtype)\n",
-        "        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,\n"
-        "                       head_dim_v, EVEN_DV, MASKED)\n"
+        "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
+        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA)\n"
         "        l_i = (l_i * alpha + tl.sum(p, 1)).to(v.dtype).to(l_i.dtype)\n"
         "        acc = tl.dot(p.to(v.dtype), v, (acc * alpha[:, None]).to(v.dtype),\n"
         "                     input_precision=PRECISION, out_dtype=v.dtype).to(acc.dtype)\n",
