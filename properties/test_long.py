@@ -41,4 +41,6 @@ def test_long_sequences(kernel, device, sizes):
 
     strategy = problems(caps, device=device, sizes=long_sizes, min_n=lo, head_dims=LONG_HEAD_DIMS,
                         default_tiles=True, layouts=layouts)
-    run_property(kernel, "long-sequences", strategy, check, weight=0.1)
+    # few examples: each new head-dim / dtype / causal combination autotunes a kernel like
+    # `triton` (about 24 compilations, a minute) before it runs
+    run_property(kernel, "long-sequences", strategy, check, weight=0.05)
