@@ -713,7 +713,7 @@ def _unspecialized(kernel: Callable) -> Callable:
     """
     params = inspect.signature(kernel.fn).parameters
     runtime = [name for name, p in params.items() if "constexpr" not in str(p.annotation)]
-    return triton.jit(kernel.fn, do_not_specialize=runtime, do_not_specialize_on_alignment=runtime)
+    return triton.jit(kernel.fn, do_not_specialize=runtime)  # pointers lose their alignment too
 
 
 _attn_fwd_plain = _unspecialized(_attn_fwd)
