@@ -666,13 +666,18 @@ _DQ_CONFIGS = _configs([
 ])
 
 
+def _itemsize(arg: Tensor | TensorDescriptor) -> int:
+    """Bytes per element of a kernel's tensor argument (a tensor, or a TMA descriptor of one)."""
+    return (arg.base if isinstance(arg, TensorDescriptor) else arg).element_size()
+
+
 def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
     """An ``early_config_prune`` for a kernel whose resident tile is ``resident`` ("BLOCK_M" or
     "BLOCK_N"): drop configs whose pipelined tiles overflow shared memory (large head dims);
     never return an empty list."""
 
     def prune(configs: list[triton.Config], named_args: dict, **meta) -> list[triton.Config]:
-        itemsize = named_args["Q"].element_size()
+        itemsize = _itemsize(named_args["Q"])
         width = meta["BLOCK_D"] + meta["BLOCK_DV"]
 
         def smem(c: triton.Config) -> int:
@@ -819,9 +824,8 @@ def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[
         tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
         return
     block_m, block_n = tiles
-    itemsize = (args[0].base if isinstance(args[0], TensorDescriptor) else args[0]).element_size()
     options = _explicit_launch_options(block_m, block_n, meta["head_dim"], meta["head_dim_v"],
-                                       itemsize)
+                                       _itemsize(args[0]))
     kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
 
 
