@@ -46,6 +46,11 @@ def gpu_check(out: Path, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def table_rows(report: str) -> set[tuple[str, ...]]:
+    """(kernel, property, examples run) of every row of the report's per-property tables."""
+    return {tuple(line.split()[:3]) for line in report.splitlines() if line[:1].isalpha()}
+
+
 def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
     run = gpu_check(
         tmp_path / "out",
@@ -57,7 +62,7 @@ def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
     )
     report = (tmp_path / "out" / "report.md").read_text()
     assert run.returncode == 0, run.stdout + run.stderr + report
-    rows = {tuple(line.split()[:3]) for line in report.splitlines() if line[:1].isalpha()}
+    rows = table_rows(report)
     assert ("sdpa-math", "forward", "4") in rows  # --max-examples from NAME@N
     assert ("ref-blocked", "forward", "6") in rows  # two seeds x 3 examples, merged
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fuzz.log", "properties.log", "report.md"]
@@ -75,7 +80,7 @@ def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
     )
     report = (tmp_path / "out" / "report.md").read_text()
     assert run.returncode == 0, run.stdout + run.stderr + report
-    rows = {tuple(line.split()[:3]) for line in report.splitlines() if line[:1].isalpha()}
+    rows = table_rows(report)
     assert ("sdpa-math", "forward", "3") in rows  # one seed of two
     assert not any(row[0] == "ref-blocked" for row in rows)
     assert "(1 processes)" in report

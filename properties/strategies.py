@@ -103,10 +103,12 @@ def problems(
     scale = draw(st.sampled_from([0.03125, 0.125, 0.5, 1.0, 2.0])) if use_scale else None
     layout = draw(st.sampled_from(layouts if caps.any_strides else ("contiguous",)))
     # A declared tile or none at all: the default path (autotuned on a GPU) is what users call.
-    tiles = caps.block_m and not default_tiles
-    block_m = draw(st.one_of(st.sampled_from(caps.block_m), st.none())) if tiles else None
-    tiles = caps.block_n and not default_tiles
-    block_n = draw(st.one_of(st.sampled_from(caps.block_n), st.none())) if tiles else None
+    def tile(declared: tuple[int, ...]) -> int | None:
+        if not declared or default_tiles:
+            return None
+        return draw(st.one_of(st.sampled_from(declared), st.none()))
+
+    block_m, block_n = tile(caps.block_m), tile(caps.block_n)
     p = Problem(
         b=b,
         hq=hkv * group,
