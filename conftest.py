@@ -70,6 +70,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if _device(config) == "cpu":
         # Triton kernels run on CPU tensors only under the interpreter; set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    else:
+        from properties.compile_locks import install_from_environment
+
+        install_from_environment()
     replay = config.getoption("--replay")
     if replay:
         import properties.check

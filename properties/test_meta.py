@@ -383,3 +383,49 @@ def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.Monk
     assert (forward.passed, forward.refused, forward.failed) == (1, 1, 1)
     assert forward.seconds == 1.75 and forward.last_failure == "the failure"
     assert report.TALLIES[("k", "backward")].run == 1
+
+
+def _lock_taken(path: Path) -> bool:
+    """Whether another open file description holds the flock of ``path``."""
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_CREAT | os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    """A variant's lock is held from before its compilation until after it; a compilation that
+    raised releases at the next one; a waiter gives up after WAIT_SECONDS."""
+    import properties.compile_locks as locks
+
+    monkeypatch.setattr(locks, "WAIT_SECONDS", 0.2)
+    a = {"specialization_data": '{"name": "k", "constants": {"BLOCK_M": 64}}'}
+    b = {"specialization_data": '{"name": "k", "constants": {"BLOCK_M": 128}}'}
+    path_a, path_b = (tmp_path / locks.variant_hash(x) for x in (a, b))
+    assert path_a != path_b
+    locks.before_compile(str(tmp_path), a)
+    assert _lock_taken(path_a) and not _lock_taken(path_b)
+    locks.after_compile(a)
+    assert not _lock_taken(path_a)
+    locks.before_compile(str(tmp_path), a)  # its compilation raises: no after_compile
+    locks.before_compile(str(tmp_path), b)
+    assert not _lock_taken(path_a) and _lock_taken(path_b)
+    locks.after_compile(b)
+    import fcntl
+    import os
+
+    holder = os.open(path_a, os.O_RDWR)  # another process compiling a, never finishing
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        locks.before_compile(str(tmp_path), a)  # waits 0.2 s, then goes on without the lock
+        assert locks.variant_hash(a) not in locks._held
+    finally:
+        os.close(holder)

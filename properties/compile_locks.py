@@ -1,0 +1,89 @@
+"""One compilation per Triton kernel variant across parallel test processes.
+
+``ci/gpu-check`` runs many pytest processes against one Triton kernel at once. They need the same
+compiled variants (one per combination of constexprs and argument specialisations) at about the
+same time, and each would compile every one of them, seconds apiece, although Triton's on-disk
+cache would hand the first process's result to the others: on the H200's 32 cores, 32 processes
+compiling the same variants made fuzzing compile-bound (0.1-0.7 examples/s).
+
+With ``FLASHPROP_TRITON_COMPILE_LOCKS=DIR`` a process takes an exclusive ``flock`` on
+``DIR/<variant hash>`` before it compiles a variant (Triton's ``jit_cache_hook``, called on an
+in-memory cache miss, before the on-disk cache is looked up) and releases it once the variant is
+compiled (``jit_post_compile_hook``). A process that waited then finds the variant in the on-disk
+cache. A compilation that raises keeps its lock until the process's next compilation or its exit;
+nobody waits longer than ``WAIT_SECONDS`` (they compile it themselves after that).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import time
+from typing import Any
+
+ENV = "FLASHPROP_TRITON_COMPILE_LOCKS"
+WAIT_SECONDS = 300.0
+
+_held: dict[str, int] = {}  # variant hash -> file descriptor holding its lock
+
+
+def variant_hash(compile_info: dict[str, Any]) -> str:
+    """A name for one compiled variant: Triton's serialised specialisation (kernel name,
+    signature, constexprs, attributes, options)."""
+    return hashlib.sha256(compile_info["specialization_data"].encode()).hexdigest()[:32]
+
+
+def _release(name: str) -> None:
+    fd = _held.pop(name, None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops its flock
+
+
+def before_compile(directory: str, compile_info: dict[str, Any]) -> None:
+    """Wait (at most ``WAIT_SECONDS``) for the lock of this variant and keep it."""
+    for name in list(_held):  # a compilation that raised never reached after_compile
+        _release(name)
+    name = variant_hash(compile_info)
+    fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_RDWR, 0o644)
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                return
+            time.sleep(0.05)
+    _held[name] = fd
+
+
+def after_compile(compile_info: dict[str, Any]) -> None:
+    """Release this variant's lock: it is in the on-disk cache now."""
+    _release(variant_hash(compile_info))
+
+
+def install(directory: str) -> None:
+    """Set Triton's compilation hooks to lock per variant under ``directory``."""
+    import triton
+
+    os.makedirs(directory, exist_ok=True)
+
+    def cache_hook(*, compile: dict[str, Any], **_: Any) -> bool:
+        before_compile(directory, compile)
+        return False  # compile (or load from the on-disk cache) as usual
+
+    def post_compile_hook(*, compile: dict[str, Any], **_: Any) -> None:
+        after_compile(compile)
+
+    triton.knobs.runtime.jit_cache_hook = cache_hook
+    triton.knobs.runtime.jit_post_compile_hook = post_compile_hook
+
+
+def install_from_environment() -> None:
+    """``install`` when ``FLASHPROP_TRITON_COMPILE_LOCKS`` names a directory (not under the
+    interpreter, which compiles nothing)."""
+    directory = os.environ.get(ENV)
+    if directory and os.environ.get("TRITON_INTERPRET") != "1":
+        install(directory)
