@@ -140,6 +140,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
     if config.getoption("--tally-json"):
         dump(config.getoption("--tally-json"))
+    from properties import compile_locks
+
+    if compile_locks.installed():
+        terminalreporter.write_line(f"flashprop: {compile_locks.STATS.line()}")
     lines = summary_lines()
     if not lines:
         return

@@ -83,7 +83,27 @@ def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
     rows = table_rows(report)
     assert ("sdpa-math", "forward", "3") in rows  # one seed of two
     assert not any(row[0] == "ref-blocked" for row in rows)
-    assert "(1 processes)" in report
+    assert "(1 processes, 0 of them taken from an earlier call)" in report
+
+
+def test_state_keeps_finished_processes_for_the_next_call(tmp_path: Path):
+    """With FLASHPROP_GPU_STATE a second identical call runs no process again and reports the
+    same tallies; a different command (more examples) runs again."""
+    env = {"FLASHPROP_GPU_PHASES": "fuzz", "FLASHPROP_GPU_FUZZ_KERNELS": "sdpa-math",
+           "FLASHPROP_GPU_FUZZ_EXAMPLES": "4", "FLASHPROP_GPU_FUZZ_SPLIT": "2",
+           "FLASHPROP_GPU_STATE": str(tmp_path / "state")}
+    first = gpu_check(tmp_path / "a", **env)
+    second = gpu_check(tmp_path / "b", **env)
+    reports = [(tmp_path / out / "report.md").read_text() for out in ("a", "b")]
+    assert first.returncode == 0 and second.returncode == 0, first.stdout + second.stdout
+    assert table_rows(reports[0]) == table_rows(reports[1])
+    assert ("sdpa-math", "forward", "4") in table_rows(reports[1])
+    assert "(2 processes, 0 of them taken from an earlier call)" in reports[0]
+    assert "(2 processes, 2 of them taken from an earlier call)" in reports[1]
+    third = gpu_check(tmp_path / "c", **{**env, "FLASHPROP_GPU_FUZZ_EXAMPLES": "6"})
+    report = (tmp_path / "c" / "report.md").read_text()
+    assert third.returncode == 0 and ("sdpa-math", "forward", "6") in table_rows(report)
+    assert "(2 processes, 0 of them taken from an earlier call)" in report
 
 
 def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):

@@ -20,12 +20,34 @@ import fcntl
 import hashlib
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 ENV = "FLASHPROP_TRITON_COMPILE_LOCKS"
 WAIT_SECONDS = 300.0
 
 _held: dict[str, int] = {}  # variant hash -> file descriptor holding its lock
+_started: dict[str, float] = {}  # variant hash -> when its compilation (or cache load) began
+
+
+@dataclass
+class CompileStats:
+    """Where this process's Triton time went: variants it compiled or loaded from the on-disk
+    cache, seconds inside Triton's compile (loads included), seconds waiting for another
+    process's compilation of the same variant."""
+
+    variants: int = 0
+    waited: int = 0
+    compile_seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+    def line(self) -> str:
+        return (f"Triton: {self.variants} kernel variants compiled or loaded in "
+                f"{self.compile_seconds:.0f} s, {self.wait_seconds:.0f} s waiting for other "
+                f"processes' compilations ({self.waited} variants)")
+
+
+STATS = CompileStats()
 
 
 def variant_hash(compile_info: dict[str, Any]) -> str:
@@ -46,22 +68,43 @@ def before_compile(directory: str, compile_info: dict[str, Any]) -> None:
         _release(name)
     name = variant_hash(compile_info)
     fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_RDWR, 0o644)
-    deadline = time.monotonic() + WAIT_SECONDS
+    start = time.monotonic()
+    waited = False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:
-            if time.monotonic() > deadline:
+            waited = True
+            if time.monotonic() > start + WAIT_SECONDS:
                 os.close(fd)
-                return
+                fd = -1
+                break
             time.sleep(0.05)
-    _held[name] = fd
+    now = time.monotonic()
+    STATS.waited += waited
+    STATS.wait_seconds += now - start
+    _started[name] = now
+    if fd >= 0:
+        _held[name] = fd
 
 
 def after_compile(compile_info: dict[str, Any]) -> None:
     """Release this variant's lock: it is in the on-disk cache now."""
-    _release(variant_hash(compile_info))
+    name = variant_hash(compile_info)
+    _release(name)
+    started = _started.pop(name, None)
+    if started is not None:
+        STATS.variants += 1
+        STATS.compile_seconds += time.monotonic() - started
+
+
+def installed() -> bool:
+    """Whether this process's Triton compilations go through these locks."""
+    import sys
+
+    triton = sys.modules.get("triton")
+    return triton is not None and getattr(triton.knobs.runtime.jit_cache_hook, "flashprop", False)
 
 
 def install(directory: str) -> None:
@@ -77,6 +120,7 @@ def install(directory: str) -> None:
     def post_compile_hook(*, compile: dict[str, Any], **_: Any) -> None:
         after_compile(compile)
 
+    cache_hook.flashprop = True
     triton.knobs.runtime.jit_cache_hook = cache_hook
     triton.knobs.runtime.jit_post_compile_hook = post_compile_hook
 

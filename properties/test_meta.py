@@ -411,10 +411,13 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
     b = {"specialization_data": '{"name": "k", "constants": {"BLOCK_M": 128}}'}
     path_a, path_b = (tmp_path / locks.variant_hash(x) for x in (a, b))
     assert path_a != path_b
+    monkeypatch.setattr(locks, "STATS", locks.CompileStats())
     locks.before_compile(str(tmp_path), a)
     assert _lock_taken(path_a) and not _lock_taken(path_b)
     locks.after_compile(a)
     assert not _lock_taken(path_a)
+    assert (locks.STATS.variants, locks.STATS.waited) == (1, 0)
+    assert locks.STATS.line().startswith("Triton: 1 kernel variants compiled or loaded in ")
     locks.before_compile(str(tmp_path), a)  # its compilation raises: no after_compile
     locks.before_compile(str(tmp_path), b)
     assert not _lock_taken(path_a) and _lock_taken(path_b)
@@ -427,5 +430,6 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
     try:
         locks.before_compile(str(tmp_path), a)  # waits 0.2 s, then goes on without the lock
         assert locks.variant_hash(a) not in locks._held
+        assert locks.STATS.waited == 1 and locks.STATS.wait_seconds >= 0.2
     finally:
         os.close(holder)
