@@ -8,7 +8,8 @@ runs the whole pipeline down to a cubin with the ptxas that ships in the Triton 
 needed. Compiled here: the four unspecialised kernels (explicit and fixed tiles) for an even head
 dim (64), a masked wide one (200) and a narrow one (17 / 16), with the launch options the kernel
 itself would use for 64 x 64 tiles, the forward also reading through TMA descriptors where the
-rows are 16-byte multiples; and the first autotuning config of each tuned kernel at d = 128
+rows are 16-byte multiples; the three passes in fp32 at d = 64 (IEEE dots, the slowest to
+build); and the first autotuning config of each tuned kernel at d = 128
 (the forward with and without TMA) specialised as Triton's launcher would for a contiguous
 problem (unit strides constant, the rest multiples of 16). Prints shared memory per kernel;
 exits 1 on the first failure.
@@ -51,9 +52,9 @@ def _boxes(constants: dict) -> dict[str, tuple[int, int]]:
     return {"Q": (bm, bd), "K": (bn, bd), "V": (bn, bdv), "Out": (bm, bdv)}
 
 
-def _signature(fn, constants: dict) -> dict[str, str]:
-    """Triton's type string per parameter: pointers or tensor descriptors, fp64 scales,
-    constexprs, else i32."""
+def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
+    """Triton's type string per parameter: pointers (to ``pointer`` elements) or tensor
+    descriptors, fp64 scales, constexprs, else i32."""
     out = {}
     boxes = _boxes(constants)
     for name in fn.arg_names:
@@ -62,7 +63,7 @@ def _signature(fn, constants: dict) -> dict[str, str]:
         elif name in boxes:
             out[name] = "tensordesc<bf16[1, 1, {}, {}]>".format(*boxes[name])
         elif name in POINTERS:
-            out[name] = "*fp32" if name in FP32_POINTERS else "*bf16"
+            out[name] = "*fp32" if name in FP32_POINTERS else f"*{pointer}"
         elif name in FP64_SCALARS:
             out[name] = "fp64"
         else:
@@ -88,7 +89,7 @@ def _specialized(fn, constants: dict) -> tuple[dict, dict]:
 
 
 def _compile(jit, constants: dict, num_warps: int, num_stages: int,
-             specialize: bool = False) -> tuple[float, int]:
+             specialize: bool = False, pointer: str = "bf16") -> tuple[float, int]:
     fn = jit
     while not isinstance(fn, JITFunction):  # an Autotuner wraps the JITFunction
         fn = fn.fn
@@ -98,7 +99,7 @@ def _compile(jit, constants: dict, num_warps: int, num_stages: int,
         constants, attrs = _specialized(fn, constants)
     start = time.perf_counter()
     kernel = triton.compile(
-        ASTSource(fn, _signature(fn, constants), constants, attrs),
+        ASTSource(fn, _signature(fn, constants, pointer), constants, attrs),
         target=TARGET,
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
@@ -123,14 +124,20 @@ def main() -> int:
         for name, jit in kernels.items():
             tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
             label = f"{name} d={d} dv={dv} 64x64, unspecialised"
-            cases.append((label, jit, {**meta, **tiles}, options, False))
+            cases.append((label, jit, {**meta, **tiles}, options, False, "bf16"))
         if d % 8 == 0:  # 16-byte rows: the forward reads q, k, v through TMA descriptors
             label = f"fwd d={d} dv={dv} 64x64 TMA, unspecialised"
-            cases.append((label, kernels["fwd"], {**_meta(d, dv, tma=True), **tiles}, options, False))
+            cases.append((label, kernels["fwd"], {**_meta(d, dv, tma=True), **tiles}, options, False,
+                          "bf16"))
         pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
         pre["BLOCK_M"] = ta._PREPROCESS_BLOCK_M
         cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess_plain, pre,
-                      {"num_warps": 4, "num_stages": 1}, False))
+                      {"num_warps": 4, "num_stages": 1}, False, "bf16"))
+    # fp32: IEEE dots unrolled into multiply-adds, the slowest variants to compile
+    options = ta._explicit_launch_options(64, 64, 64, 64, torch.float32.itemsize)
+    for name, jit in kernels.items():
+        cases.append((f"{name} d=64 fp32 64x64 {options}, unspecialised", jit,
+                      {**_meta(64, 64), "BLOCK_M": 64, "BLOCK_N": 64}, options, False, "fp32"))
     tuned = {
         "fwd": (ta._attn_fwd_tuned, ta._FWD_CONFIGS),
         "dkdv": (ta._attn_bwd_dkdv_tuned, ta._DKDV_CONFIGS),
@@ -140,17 +147,19 @@ def main() -> int:
         config = configs[0]
         meta = {**_meta(128, 128), **config.kwargs}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        cases.append((f"{name} d=128 autotune config {config.kwargs}, specialised", jit, meta, options, True))
+        cases.append((f"{name} d=128 autotune config {config.kwargs}, specialised", jit, meta, options, True,
+                      "bf16"))
     config = ta._FWD_CONFIGS[0]
     meta = {**_meta(128, 128, tma=True), **config.kwargs}
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", ta._attn_fwd_tuned, meta,
-                  options, True))
+                  options, True, "bf16"))
 
     total = time.perf_counter()
-    for label, jit, meta, options, specialize in cases:
+    for label, jit, meta, options, specialize, pointer in cases:
         try:
-            seconds, smem = _compile(jit, meta, options["num_warps"], options["num_stages"], specialize)
+            seconds, smem = _compile(jit, meta, options["num_warps"], options["num_stages"], specialize,
+                                     pointer)
         except Exception as err:  # any compiler error fails the check, with its message
             print(f"compile-triton: FAILED {label}: {type(err).__name__}: {err}", file=sys.stderr)
             return 1

@@ -615,12 +615,26 @@ def _explicit_tiles_fit(block_m: int, block_n: int, d: int, dv: int, dtype: torc
 
 def _explicit_launch_options(block_m: int, block_n: int, d: int, dv: int,
                              itemsize: int) -> dict[str, int]:
-    """num_warps / num_stages for explicit tiles: two stages when they fit, else one."""
+    """num_warps / num_stages for explicit tiles: two stages when they fit, else one; warps by
+    the tile's multiply-adds per dot, BLOCK_M x BLOCK_N x padded head dim: eight from 2^18 on;
+    in fp32, whose IEEE dots are multiply-adds without tensor cores, eight from 2^17 and
+    sixteen from 2^18.
+
+    The warps count sets how much code each thread unrolls, hence the compile time, which bounds
+    the property suite on a GPU (every drawn problem needs new variants). Measured with
+    ci/compile_triton.py's compiler call for sm_90a, forward + dK/dV + dQ: bf16, D = 200,
+    64 x 64 tiles: 20.5 s with four warps, 7.8 s with eight; fp32, D = 64, 64 x 64: 42 s with
+    four, 15 s with eight; fp32, D = 128, 64 x 64: 32 s with eight, 14 s with sixteen."""
     width = _pow2_dim(d) + _pow2_dim(dv)
     two_stages = max(_smem_bytes(block_m, block_n, width, itemsize, 2),
                      _smem_bytes(block_n, block_m, width, itemsize, 2))
+    work = block_m * block_n * max(_pow2_dim(d), _pow2_dim(dv))
+    if itemsize == 4:
+        warps = min(16, max(4, work // 2**14))
+    else:
+        warps = 8 if work >= 2**18 else 4
     return {
-        "num_warps": 8 if block_m * block_n >= 128 * 64 else 4,
+        "num_warps": warps,
         "num_stages": 2 if two_stages <= _SMEM_BUDGET else 1,
     }
 
