@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""How many Triton kernel variants the property suite makes the ``triton`` kernel compile on a
+GPU, and how long a sample of them takes to compile for sm_90a (no GPU needed).
+
+On a GPU the suite is bound by compilation: every problem it draws picks compile-time
+constants (tiles, dtype, padded head dims and whether they are exact, causality, TMA) and each
+new combination is a new compilation of the forward, dK/dV and dQ passes. This script draws
+problems as the ``gpu`` profile does (sizes of the GPU conftest; explicit, fixed or autotuned
+tiles as the kernel resolves them), counts the distinct (forward, dK/dV, dQ) variant sets and
+compiles a random sample of them with the launch options the kernel would use:
+
+    python ci/triton_variants.py --draws 3000 --sample 40
+
+Counts need seconds; compiling needs about 2-10 s per kernel on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # the launch options and tiles of the compiled kernel
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import triton
+from hypothesis import HealthCheck, given, settings
+from triton.compiler import ASTSource
+
+import kernels.triton_attention as ta
+from ci.compile_triton import TARGET, _signature
+from properties.problem import Problem
+from properties.strategies import Sizes, problems
+
+#: The GPU conftest's sizes (conftest.py, device cuda).
+GPU_SIZES = Sizes(max_n=300, max_batch=2, max_kv_heads=3, max_group=4, max_work=20_000_000,
+                  long_n=(512, 1100))
+POINTER = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+           torch.float64: "fp64"}
+
+Variant = tuple  # (dtype, (BLOCK_M, BLOCK_N), BLOCK_D, BLOCK_DV, EVEN_D, EVEN_DV, CAUSAL)
+
+
+def draw(n: int) -> list[Problem]:
+    """``n`` problems as the property suite draws them on a GPU (deterministic)."""
+    caps = dataclasses.replace(ta.attention.capabilities, devices=frozenset({"cuda"}))
+    drawn: list[Problem] = []
+
+    @settings(max_examples=n, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(problems(caps, device="cuda", sizes=GPU_SIZES))
+    def collect(p: Problem) -> None:
+        drawn.append(p)
+
+    collect()
+    return drawn
+
+
+def variant(p: Problem) -> Variant | None:
+    """The compile-time constants of ``p``'s launches with explicit or fixed tiles, or None
+    when the autotuner picks them (large 16-bit problems) or the tiles are refused."""
+    if p.block_m is None and p.block_n is None:
+        if p.dtype.itemsize == 2 and p.nq * p.nk >= ta._AUTOTUNE_MIN_SCORES:
+            return None
+        tiles = ta._fixed_tiles(p.d, p.dv, p.dtype)
+    else:
+        tiles = (p.block_m or ta._DEFAULT_TILE, p.block_n or ta._DEFAULT_TILE)
+        if not ta._explicit_tiles_fit(*tiles, p.d, p.dv, p.dtype):
+            return None
+    bd, bdv = ta._pow2_dim(p.d), ta._pow2_dim(p.dv)
+    return (p.dtype, tiles, bd, bdv, bd == p.d, bdv == p.dv, p.causal)
+
+
+def compile_seconds(v: Variant) -> float:
+    """Seconds to compile the forward (pointer loads), dK/dV and dQ passes of ``v``."""
+    dtype, (bm, bn), bd, bdv, even_d, even_dv, causal = v
+    d, dv = (bd if even_d else bd - 1), (bdv if even_dv else bdv - 1)
+    options = ta._explicit_launch_options(bm, bn, d, dv, dtype.itemsize)
+    q = torch.empty((1, 1, 1, d), dtype=dtype, device="meta")
+    o = torch.empty((1, 1, 1, dv), dtype=dtype, device="meta")
+    meta = {k: x for k, x in ta._meta(q, o, causal).items() if k not in ("head_dim", "head_dim_v")}
+    meta.update(TMA=False, BLOCK_M=bm, BLOCK_N=bn)
+    total = 0.0
+    for jit in (ta._attn_fwd_plain, ta._attn_bwd_dkdv_plain, ta._attn_bwd_dq_plain):
+        constants = {k: x for k, x in meta.items() if k in jit.arg_names}
+        pointer = POINTER[dtype]
+        signature = {k: "*fp64" if dtype == torch.float64 and t == "*fp32" else t
+                     for k, t in _signature(jit, constants, pointer).items()}
+        start = time.perf_counter()
+        triton.compile(ASTSource(jit, signature, constants, None), target=TARGET, options=options)
+        total += time.perf_counter() - start
+    return total
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--draws", type=int, default=3000, help="problems to draw")
+    parser.add_argument("--sample", type=int, default=0, help="variant sets to compile")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sample")
+    args = parser.parse_args()
+
+    variants: dict[Variant, int] = {}
+    for p in draw(args.draws):
+        v = variant(p)
+        if v is not None:
+            variants[v] = variants.get(v, 0) + 1
+    print(f"triton-variants: {args.draws} problems, {len(variants)} distinct (forward, dK/dV, "
+          "dQ) variant sets with explicit or fixed tiles")
+    if not args.sample:
+        return 0
+    sample = random.Random(args.seed).sample(sorted(variants, key=repr), args.sample)
+    total = 0.0
+    for v in sample:
+        seconds = compile_seconds(v)
+        total += seconds
+        dtype, tiles, bd, bdv, even_d, even_dv, causal = v
+        print(f"  {POINTER[dtype]} tiles {tiles} BLOCK_D {bd}/{bdv} even {even_d}/{even_dv} "
+              f"causal {causal}: {seconds:.1f} s")
+    print(f"triton-variants: {len(sample)} sets compiled in {total:.0f} s "
+          f"({total / len(sample):.1f} s per set)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
