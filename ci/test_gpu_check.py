@@ -146,3 +146,15 @@ def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
     report = (out / "report.md").read_text()
     assert gate.returncode == 1, gate.stdout + gate.stderr + report
     assert "REGRESSION" in report and "-66.7%" in report
+
+
+def test_benchmark_chunks_past_the_deadline_are_reported_not_run(tmp_path: Path):
+    out = tmp_path / "out"
+    run = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", FLASHPROP_GPU_BENCH_SECONDS="1",
+                    FLASHPROP_GPU_BENCH_KERNELS="ref-blocked", FLASHPROP_BENCH_SEQLENS="128",
+                    FLASHPROP_GPU_BASELINE=str(tmp_path / "base.json"))
+    assert run.returncode == 1, run.stdout + run.stderr
+    log = (out / "bench.log").read_text()
+    for chunk in ("d64", "d128", "memory"):
+        assert f"benchmarks-{chunk} not run: FLASHPROP_GPU_BENCH_SECONDS reached" in log
+    assert "gate not run" in (out / "report.md").read_text()
