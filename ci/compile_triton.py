@@ -11,8 +11,9 @@ itself would use for 64 x 64 tiles, the forward also reading through TMA descrip
 rows are 16-byte multiples; the three passes in fp32 at d = 64 (IEEE dots, the slowest to
 build); and the first autotuning config of each tuned kernel at d = 128
 (the forward with and without TMA) specialised as Triton's launcher would for a contiguous
-problem (unit strides constant, the rest multiples of 16). Prints shared memory per kernel;
-exits 1 on the first failure.
+problem (unit strides constant, the rest multiples of 16). Also checks that the forward's
+autotuner ignores TRITON_CACHE_AUTOTUNING. Prints shared memory per kernel; exits 1 on the
+first failure.
 
     python ci/compile_triton.py
 """
@@ -25,6 +26,9 @@ import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # the tox env sets 1; compilation needs the real JIT
+# As a user may set it: the forward's autotuner must still not use Triton's on-disk autotuning
+# cache, which drops its configs (they have a pre_hook) and fails in the next process.
+os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
@@ -155,6 +159,10 @@ def main() -> int:
     cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", ta._attn_fwd_tuned, meta,
                   options, True, "bf16"))
 
+    if ta._attn_fwd_tuned.cache_results:
+        print("compile-triton: FAILED the forward's autotuner caches to disk under "
+              "TRITON_CACHE_AUTOTUNING=1 (its pre_hook configs are not saved)", file=sys.stderr)
+        return 1
     total = time.perf_counter()
     for label, jit, meta, options, specialize, pointer in cases:
         try:

@@ -705,13 +705,20 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 
 
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
-    return triton.autotune(
+    tuner = triton.autotune(
         configs=configs,
         # the dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
         # TMA (forward only: the backward kernels have no such argument, the key skips it)
         key=["head_dim", "head_dim_v", "CAUSAL", "SEQ_CLASS", "TMA"],
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
+    if any(c.pre_hook for c in configs):
+        # Triton 3.6's on-disk autotuning cache (TRITON_CACHE_AUTOTUNING=1) leaves configs with
+        # a pre_hook out of the timings it saves; the next process reads an empty list and
+        # fails in min(). The forward's configs size its TMA boxes in a pre_hook: tune it
+        # afresh in every process whatever that variable says.
+        tuner.cache_results = False
+    return tuner
 
 
 _attn_fwd_tuned = _autotuned(_attn_fwd, _FWD_CONFIGS, "BLOCK_M")
