@@ -126,13 +126,9 @@ def kernel(request: pytest.FixtureRequest, device: str):
 @pytest.fixture(scope="session")
 def sizes(request: pytest.FixtureRequest, device: str):
     """Size bounds: small under the Triton interpreter / on CPU, larger on a GPU."""
-    from properties.strategies import Sizes
+    from properties.strategies import device_sizes
 
-    max_n = request.config.getoption("--max-n")
-    if device == "cuda":
-        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4, max_work=20_000_000,
-                     long_n=(512, 1100))
-    return Sizes(max_n=max_n or 48, max_work=400_000)
+    return device_sizes(device, request.config.getoption("--max-n"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -67,7 +67,9 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
         elif name in boxes:
             out[name] = "tensordesc<bf16[1, 1, {}, {}]>".format(*boxes[name])
         elif name in POINTERS:
-            out[name] = "*fp32" if name in FP32_POINTERS else f"*{pointer}"
+            # lse, Delta and dlse are fp32 buffers, fp64 in an fp64 problem
+            wide = "fp64" if pointer == "fp64" else "fp32"
+            out[name] = f"*{wide}" if name in FP32_POINTERS else f"*{pointer}"
         elif name in FP64_SCALARS:
             out[name] = "fp64"
         else:
@@ -110,12 +112,13 @@ def _compile(jit, constants: dict, num_warps: int, num_stages: int,
     return time.perf_counter() - start, kernel.metadata.shared
 
 
-def _meta(d: int, dv: int, tma: bool = False) -> dict:
-    """The kernel's own compile-time parameters for a causal bf16 problem of these head dims
-    (``tma``: the forward reads through tensor descriptors)."""
-    q = torch.empty((1, 1, 4096, d), dtype=DTYPE, device="meta")
-    v = torch.empty((1, 1, 4096, dv), dtype=DTYPE, device="meta")
-    meta = ta._meta(q, v, causal=True)
+def _meta(d: int, dv: int, tma: bool = False, dtype: torch.dtype = DTYPE,
+          causal: bool = True) -> dict:
+    """The kernel's own compile-time parameters for a problem of these head dims, dtype (bf16)
+    and causality (causal) (``tma``: the forward reads through tensor descriptors)."""
+    q = torch.empty((1, 1, 4096, d), dtype=dtype, device="meta")
+    v = torch.empty((1, 1, 4096, dv), dtype=dtype, device="meta")
+    meta = ta._meta(q, v, causal=causal)
     return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma}
 
 

@@ -21,25 +21,19 @@ import dataclasses
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "0"  # the launch options and tiles of the compiled kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
-import triton
 from hypothesis import HealthCheck, given, settings
-from triton.compiler import ASTSource
 
 import kernels.triton_attention as ta
-from ci.compile_triton import TARGET, _signature
+from ci.compile_triton import _compile, _meta
 from properties.problem import Problem
-from properties.strategies import Sizes, problems
+from properties.strategies import device_sizes, problems
 
-#: The GPU conftest's sizes (conftest.py, device cuda).
-GPU_SIZES = Sizes(max_n=300, max_batch=2, max_kv_heads=3, max_group=4, max_work=20_000_000,
-                  long_n=(512, 1100))
 POINTER = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.float64: "fp64"}
 
@@ -53,7 +47,7 @@ def draw(n: int) -> list[Problem]:
 
     @settings(max_examples=n, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
-    @given(problems(caps, device="cuda", sizes=GPU_SIZES))
+    @given(problems(caps, device="cuda", sizes=device_sizes("cuda")))
     def collect(p: Problem) -> None:
         drawn.append(p)
 
@@ -64,14 +58,12 @@ def draw(n: int) -> list[Problem]:
 def variant(p: Problem) -> Variant | None:
     """The compile-time constants of ``p``'s launches with explicit or fixed tiles, or None
     when the autotuner picks them (large 16-bit problems) or the tiles are refused."""
-    if p.block_m is None and p.block_n is None:
-        if p.dtype.itemsize == 2 and p.nq * p.nk >= ta._AUTOTUNE_MIN_SCORES:
-            return None
-        tiles = ta._fixed_tiles(p.d, p.dv, p.dtype)
-    else:
-        tiles = (p.block_m or ta._DEFAULT_TILE, p.block_n or ta._DEFAULT_TILE)
-        if not ta._explicit_tiles_fit(*tiles, p.d, p.dv, p.dtype):
-            return None
+    try:
+        tiles = ta._resolve_tiles(p.nq, p.nk, p.d, p.dv, p.dtype, p.block_m, p.block_n)
+    except NotImplementedError:  # tiles over the shared-memory budget
+        return None
+    if tiles is None:
+        return None
     bd, bdv = ta._pow2_dim(p.d), ta._pow2_dim(p.dv)
     return (p.dtype, tiles, bd, bdv, bd == p.d, bdv == p.dv, p.causal)
 
@@ -81,20 +73,9 @@ def compile_seconds(v: Variant) -> float:
     dtype, (bm, bn), bd, bdv, even_d, even_dv, causal = v
     d, dv = (bd if even_d else bd - 1), (bdv if even_dv else bdv - 1)
     options = ta._explicit_launch_options(bm, bn, d, dv, dtype.itemsize)
-    q = torch.empty((1, 1, 1, d), dtype=dtype, device="meta")
-    o = torch.empty((1, 1, 1, dv), dtype=dtype, device="meta")
-    meta = {k: x for k, x in ta._meta(q, o, causal).items() if k not in ("head_dim", "head_dim_v")}
-    meta.update(TMA=False, BLOCK_M=bm, BLOCK_N=bn)
-    total = 0.0
-    for jit in (ta._attn_fwd_plain, ta._attn_bwd_dkdv_plain, ta._attn_bwd_dq_plain):
-        constants = {k: x for k, x in meta.items() if k in jit.arg_names}
-        pointer = POINTER[dtype]
-        signature = {k: "*fp64" if dtype == torch.float64 and t == "*fp32" else t
-                     for k, t in _signature(jit, constants, pointer).items()}
-        start = time.perf_counter()
-        triton.compile(ASTSource(jit, signature, constants, None), target=TARGET, options=options)
-        total += time.perf_counter() - start
-    return total
+    meta = {**_meta(d, dv, dtype=dtype, causal=causal), "BLOCK_M": bm, "BLOCK_N": bn}
+    return sum(_compile(jit, meta, options["num_warps"], options["num_stages"], pointer=POINTER[dtype])[0]
+               for jit in (ta._attn_fwd_plain, ta._attn_bwd_dkdv_plain, ta._attn_bwd_dq_plain))
 
 
 def main() -> int:

@@ -810,14 +810,22 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if tile is not None and tile not in TILE_SIZES:
             raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
+    return _resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
+
+
+def _resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
+                   block_m: int | None, block_n: int | None) -> Tiles:
+    """The tiles a launch uses: the autotuner's (None) for large 16-bit problems without
+    explicit tiles on a GPU, fixed ones for other problems without, else the explicit ones
+    (a missing one defaults), refused when they overflow shared memory."""
     if block_m is None and block_n is None and not INTERPRET:
-        if q.element_size() == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
+        if torch.empty((), dtype=dtype).element_size() == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
             return None
-        return _fixed_tiles(d, dv, q.dtype)
+        return _fixed_tiles(d, dv, dtype)
     tiles = (block_m or _DEFAULT_TILE, block_n or _DEFAULT_TILE)
-    if not INTERPRET and not _explicit_tiles_fit(*tiles, d, dv, q.dtype):
+    if not INTERPRET and not _explicit_tiles_fit(*tiles, d, dv, dtype):
         raise NotImplementedError(f"block_m={tiles[0]}, block_n={tiles[1]} with D={d}, Dv={dv}, "
-                                  f"{q.dtype}: {_SMEM_REASON}")
+                                  f"{dtype}: {_SMEM_REASON}")
     return tiles
 
 

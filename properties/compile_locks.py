@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -101,8 +102,6 @@ def after_compile(compile_info: dict[str, Any]) -> None:
 
 def installed() -> bool:
     """Whether this process's Triton compilations go through these locks."""
-    import sys
-
     triton = sys.modules.get("triton")
     return triton is not None and getattr(triton.knobs.runtime.jit_cache_hook, "flashprop", False)
 

@@ -46,6 +46,15 @@ class Sizes:
 DEFAULT_SIZES = Sizes()
 
 
+def device_sizes(device: str, max_n: int | None = None) -> Sizes:
+    """The suite's size bounds on a device: small on the CPU (the Triton interpreter), larger on a
+    GPU; ``max_n`` (``--max-n``) overrides the sequence-length bound."""
+    if device == "cuda":
+        return Sizes(max_n=max_n or 300, max_batch=2, max_kv_heads=3, max_group=4,
+                     max_work=20_000_000, long_n=(512, 1100))
+    return Sizes(max_n=max_n or 48, max_work=400_000)
+
+
 def _seq_lens(max_n: int, min_n: int = 1) -> st.SearchStrategy[int]:
     tiles = {16, 32, 64, *range(128, max_n + 2, 128)}
     near_tiles = sorted({n for t in tiles for n in (t - 1, t + 1) if min_n <= n <= max_n})
