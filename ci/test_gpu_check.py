@@ -29,7 +29,8 @@ def attn(q, k, v, *, causal=False, scale=None):
 '''
 
 
-def gpu_check(out: Path, **env: str) -> subprocess.CompletedProcess:
+def gpu_check(out: Path, **env: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Run ci/gpu-check into ``out`` on the CPU; its process and its report.md ("" if none)."""
     full_env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -40,10 +41,12 @@ def gpu_check(out: Path, **env: str) -> subprocess.CompletedProcess:
         "FLASHPROP_GPU_REPLAYS": "0",
         **env,
     }
-    return subprocess.run(
+    run = subprocess.run(
         ["bash", str(ROOT / "ci" / "gpu-check"), str(out)],
         cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600,
     )
+    report = out / "report.md"
+    return run, report.read_text() if report.exists() else ""
 
 
 def table_rows(report: str) -> set[tuple[str, ...]]:
@@ -52,7 +55,7 @@ def table_rows(report: str) -> set[tuple[str, ...]]:
 
 
 def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
-    run = gpu_check(
+    run, report = gpu_check(
         tmp_path / "out",
         FLASHPROP_GPU_PHASES="properties fuzz",
         FLASHPROP_GPU_KERNELS="sdpa-math@4",
@@ -60,7 +63,6 @@ def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
         FLASHPROP_GPU_FUZZ_EXAMPLES="6",
         FLASHPROP_GPU_FUZZ_SPLIT="2",
     )
-    report = (tmp_path / "out" / "report.md").read_text()
     assert run.returncode == 0, run.stdout + run.stderr + report
     rows = table_rows(report)
     assert ("sdpa-math", "forward", "4") in rows  # --max-examples from NAME@N
@@ -70,7 +72,7 @@ def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
 
 def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
     """FLASHPROP_GPU_FUZZ_ONLY (finishing a cut-off run) starts only the KERNEL.FILE.SEED named."""
-    run = gpu_check(
+    run, report = gpu_check(
         tmp_path / "out",
         FLASHPROP_GPU_PHASES="fuzz",
         FLASHPROP_GPU_FUZZ_KERNELS="ref-blocked sdpa-math",
@@ -78,7 +80,6 @@ def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
         FLASHPROP_GPU_FUZZ_SPLIT="2",
         FLASHPROP_GPU_FUZZ_ONLY="sdpa-math.test_golden.2",
     )
-    report = (tmp_path / "out" / "report.md").read_text()
     assert run.returncode == 0, run.stdout + run.stderr + report
     rows = table_rows(report)
     assert ("sdpa-math", "forward", "3") in rows  # one seed of two
@@ -92,16 +93,14 @@ def test_state_keeps_finished_processes_for_the_next_call(tmp_path: Path):
     env = {"FLASHPROP_GPU_PHASES": "fuzz", "FLASHPROP_GPU_FUZZ_KERNELS": "sdpa-math",
            "FLASHPROP_GPU_FUZZ_EXAMPLES": "4", "FLASHPROP_GPU_FUZZ_SPLIT": "2",
            "FLASHPROP_GPU_STATE": str(tmp_path / "state")}
-    first = gpu_check(tmp_path / "a", **env)
-    second = gpu_check(tmp_path / "b", **env)
-    reports = [(tmp_path / out / "report.md").read_text() for out in ("a", "b")]
+    first, report_a = gpu_check(tmp_path / "a", **env)
+    second, report_b = gpu_check(tmp_path / "b", **env)
     assert first.returncode == 0 and second.returncode == 0, first.stdout + second.stdout
-    assert table_rows(reports[0]) == table_rows(reports[1])
-    assert ("sdpa-math", "forward", "4") in table_rows(reports[1])
-    assert "(2 processes, 0 of them taken from an earlier call)" in reports[0]
-    assert "(2 processes, 2 of them taken from an earlier call)" in reports[1]
-    third = gpu_check(tmp_path / "c", **{**env, "FLASHPROP_GPU_FUZZ_EXAMPLES": "6"})
-    report = (tmp_path / "c" / "report.md").read_text()
+    assert table_rows(report_a) == table_rows(report_b)
+    assert ("sdpa-math", "forward", "4") in table_rows(report_b)
+    assert "(2 processes, 0 of them taken from an earlier call)" in report_a
+    assert "(2 processes, 2 of them taken from an earlier call)" in report_b
+    third, report = gpu_check(tmp_path / "c", **{**env, "FLASHPROP_GPU_FUZZ_EXAMPLES": "6"})
     assert third.returncode == 0 and ("sdpa-math", "forward", "6") in table_rows(report)
     assert "(2 processes, 0 of them taken from an earlier call)" in report
 
@@ -109,18 +108,16 @@ def test_state_keeps_finished_processes_for_the_next_call(tmp_path: Path):
 def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):
     kernel = tmp_path / "wrong.py"
     kernel.write_text(WRONG_KERNEL)
-    run = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
-                    FLASHPROP_GPU_KERNELS=f"{kernel}:attn@10", FLASHPROP_GPU_REPLAYS="2")
-    report = (tmp_path / "out" / "report.md").read_text()
+    run, report = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
+                            FLASHPROP_GPU_KERNELS=f"{kernel}:attn@10", FLASHPROP_GPU_REPLAYS="2")
     assert run.returncode == 1, run.stdout + run.stderr
     assert "property 'forward' failed" in report and "repro (run from the flashprop root)" in report
     assert "forward: reproduces (2 of 2 failed: failed, failed)" in report
 
 
 def test_jobs_past_the_pool_deadline_are_reported_not_run(tmp_path: Path):
-    run = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
-                    FLASHPROP_GPU_KERNELS="sdpa-math", FLASHPROP_GPU_POOL_SECONDS="1")
-    report = (tmp_path / "out" / "report.md").read_text()
+    run, report = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
+                            FLASHPROP_GPU_KERNELS="sdpa-math", FLASHPROP_GPU_POOL_SECONDS="1")
     assert run.returncode == 1
     assert "properties.sdpa-math.test_golden.-: exit 125" in report
 
@@ -131,7 +128,7 @@ def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
     baseline, out = tmp_path / "base.json", tmp_path / "out"
     env = {"FLASHPROP_GPU_BENCH_KERNELS": "ref-blocked", "FLASHPROP_GPU_BASELINE": str(baseline),
            "FLASHPROP_BENCH_SEQLENS": "128"}
-    first = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", **env)
+    first, _ = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", **env)
     assert first.returncode == 0, first.stdout + first.stderr
     written = {"bench.json", "bench.md", "base.json"}
     if importlib.util.find_spec("matplotlib"):  # the plot is skipped without it (tox's py env)
@@ -142,19 +139,18 @@ def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
         for config, ratios in per_config.items():
             per_config[config] = {anchor: 3 * r for anchor, r in ratios.items()}
     baseline.write_text(json.dumps(data))
-    gate = gpu_check(out, FLASHPROP_GPU_PHASES="gate", **env)
-    report = (out / "report.md").read_text()
+    gate, report = gpu_check(out, FLASHPROP_GPU_PHASES="gate", **env)
     assert gate.returncode == 1, gate.stdout + gate.stderr + report
     assert "REGRESSION" in report and "-66.7%" in report
 
 
 def test_benchmark_chunks_past_the_deadline_are_reported_not_run(tmp_path: Path):
     out = tmp_path / "out"
-    run = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", FLASHPROP_GPU_BENCH_SECONDS="1",
-                    FLASHPROP_GPU_BENCH_KERNELS="ref-blocked", FLASHPROP_BENCH_SEQLENS="128",
-                    FLASHPROP_GPU_BASELINE=str(tmp_path / "base.json"))
+    run, report = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", FLASHPROP_GPU_BENCH_SECONDS="1",
+                            FLASHPROP_GPU_BENCH_KERNELS="ref-blocked", FLASHPROP_BENCH_SEQLENS="128",
+                            FLASHPROP_GPU_BASELINE=str(tmp_path / "base.json"))
     assert run.returncode == 1, run.stdout + run.stderr
     log = (out / "bench.log").read_text()
     for chunk in ("d64", "d128", "memory"):
         assert f"benchmarks-{chunk} not run: FLASHPROP_GPU_BENCH_SECONDS reached" in log
-    assert "gate not run" in (out / "report.md").read_text()
+    assert "gate not run" in report
