@@ -1,10 +1,13 @@
 """TFLOP/s and peak memory of every registered kernel on the benchmark grid.
 
 Each case times one kernel on one :class:`~benchmarks.grid.Config` (forward, or forward and
-backward through autograd). On CUDA the rounds are CUDA-event timed with an L2 flush before
-each (see :mod:`benchmarks.timing`); ``extra_info`` carries the TFLOP/s, the peak extra memory
-and ``ratios``: the kernel's speed over each anchor's (``anchor seconds / kernel seconds``)
-measured in the same run, which is what ``ci/bench_gate.py`` compares with the baseline.
+backward through autograd). On CUDA the rounds are CUDA-event timed after an L2 flush and a
+spin that hides the host's launch latency (see :mod:`benchmarks.timing`); ``extra_info``
+carries the TFLOP/s, the host seconds per call (``host_s``), the peak extra memory, what the
+kernel says it launched when it can tell (``launch``: a kernel function's optional
+``last_launch()``, e.g. the autotuner's tiles), and ``ratios``: the kernel's speed over each
+anchor's (``anchor seconds / kernel seconds``) measured in the same run, which is what
+``ci/bench_gate.py`` compares with the baseline.
 
 Unavailable kernels and undeclared problems are skipped with the reason.
 """
@@ -94,7 +97,7 @@ def anchor_seconds(state: BenchState, anchor: str, cfg: Config) -> float | None:
         if reason is None:
             try:
                 state.anchor_seconds[key] = median_seconds(
-                    make_call(kern, cfg), state.device, state.flush
+                    make_call(kern, cfg), state.device, state.setup
                 )
             except (*_REFUSALS, torch.cuda.OutOfMemoryError) as err:
                 reason = f"{type(err).__name__}: {err}"
@@ -113,20 +116,22 @@ def test_attention_speed(
     reason = skip_reason(kern, name, cfg)
     if reason is not None:
         pytest.skip(reason)
-    device, flush = bench_state.device, bench_state.flush
+    device, setup = bench_state.device, bench_state.setup
     try:
         call = make_call(kern, cfg)
-        per_call = warm_up(call, device, flush)  # compile and autotune before measuring memory
+        warm = warm_up(call, device, setup)  # compile and autotune before measuring memory
         peak = peak_extra_bytes(call, device)
     except _REFUSALS as err:
         pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
     except torch.cuda.OutOfMemoryError as err:
         torch.cuda.empty_cache()
         pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
-    benchmark.pedantic(call, setup=flush, rounds=rounds_for(per_call, device), iterations=1)
+    benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, device), iterations=1)
     if benchmark.disabled:  # --benchmark-disable: a compile/smoke pass, nothing is measured
         return
     seconds = benchmark.stats.stats.median
+    last_launch = getattr(kern.fn, "last_launch", None)
+    launch = last_launch() if callable(last_launch) else None
     bench_state.anchor_seconds.setdefault((name, cfg), seconds)
     ratios = {}
     for anchor in anchor_names(request.config, device):
@@ -145,7 +150,10 @@ def test_attention_speed(
         device=device,
         flops=cfg.flops,
         median_s=seconds,
+        host_s=warm.host_seconds,
         tflops=cfg.flops / seconds / 1e12,
         peak_mem_bytes=peak,
         ratios=ratios,
     )
+    if launch:
+        benchmark.extra_info["launch"] = launch

@@ -34,7 +34,7 @@ from benchmarks.grid import (
     parse_ints,
     parse_names,
 )
-from benchmarks.timing import L2Flush
+from benchmarks.timing import RoundSetup
 from kernels.registry import BUILTIN, Kernel, KernelUnavailable, load_kernel
 
 _OPTIONS = {
@@ -97,10 +97,11 @@ def bench_subset(config: pytest.Config) -> str | None:
 
 @dataclass
 class BenchState:
-    """Per-session state: loaded kernels (or why not), anchor times, the L2 flush buffer."""
+    """Per-session state: loaded kernels (or why not), anchor times, the round setup (L2
+    flush buffer, launch-latency spin)."""
 
     device: str
-    flush: L2Flush
+    setup: RoundSetup
     loaded: dict[str, Kernel | str] = field(default_factory=dict)
     anchor_seconds: dict[tuple[str, Config], float | str] = field(default_factory=dict)
 
@@ -126,7 +127,7 @@ def bench_state(request: pytest.FixtureRequest) -> Iterator[BenchState]:
     threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(1)
-    yield BenchState(device=device, flush=L2Flush(device))
+    yield BenchState(device=device, setup=RoundSetup(device))
     torch.set_num_threads(threads)
 
 

@@ -28,14 +28,23 @@ def _grid_key(info: dict) -> tuple:
     return (info["dtype"], info["mode"], info["d"], info["causal"], info["n"], info["kernel"])
 
 
+def _host_cell(info: dict) -> str:
+    """Host milliseconds per call, flagged when they exceed the GPU time (launch-bound)."""
+    host = info.get("host_s")
+    if host is None:
+        return "-"
+    bound = " (launch-bound)" if host > info["median_s"] else ""
+    return f"{1e3 * host:.3f}{bound}"
+
+
 def grid_table(infos: Iterable[dict]) -> list[str]:
     """Rows of the TFLOP/s grid: one per kernel and configuration."""
     grid = sorted((i for i in infos if "tflops" in i), key=_grid_key)
     if not grid:
         return []
     anchors = sorted({a for i in grid for a in i.get("ratios", {})})
-    head = ["kernel", "mode", "d", "mask", "dtype", "N", "ms", "TFLOP/s"]
-    head += [f"vs {a}" for a in anchors] + ["peak extra MiB"]
+    head = ["kernel", "mode", "d", "mask", "dtype", "N", "ms", "host ms", "TFLOP/s"]
+    head += [f"vs {a}" for a in anchors] + ["peak extra MiB", "launch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for i in grid:
         ratios = i.get("ratios", {})
@@ -47,9 +56,11 @@ def grid_table(infos: Iterable[dict]) -> list[str]:
             SHORT_DTYPE.get(i["dtype"], i["dtype"]),
             str(i["n"]),
             f"{1e3 * i['median_s']:.3f}",
+            _host_cell(i),
             f"{i['tflops']:.3g}",
             *(f"{ratios[a]:.2f}x" if a in ratios else "-" for a in anchors),
             f"{i['peak_mem_bytes'] / 2**20:.0f}",
+            "; ".join(f"{k}: {v}" for k, v in i.get("launch", {}).items()),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines

@@ -1,10 +1,19 @@
 """Timing primitives shared by the GPU benchmarks and the on-demand anchor measurements.
 
-On CUDA every timed round is bracketed by CUDA events and preceded (untimed) by zeroing a
-256 MiB buffer, which evicts the H200's L2 (50 MiB), exactly as ``triton.testing.do_bench``
-does. :func:`cuda_event_timer` plugs the events into pytest-benchmark: pass it as
+On CUDA every timed round is bracketed by CUDA events and preceded (untimed) by a
+:class:`RoundSetup`: zeroing a 256 MiB buffer, which evicts the H200's L2 (50 MiB), exactly as
+``triton.testing.do_bench`` does, then a spin kernel that keeps the GPU busy while the host
+records the start event and enqueues the call (nvbench's "blocking kernel"). Without the spin
+the flush ends after some 60 us and the GPU idles until the call's first kernel arrives, so the
+round timed the host's launch latency too: a Python launcher with 0.3 ms of host work lost
+0.25 ms per call at N = 512 on the H200 (session 11), a C++ one almost nothing. In a loop of
+calls the host runs ahead of the GPU and that latency is hidden; it is reported apart instead
+(:func:`host_seconds`, the benchmarks' ``host_s``): a kernel whose host time exceeds its GPU
+time is launch-bound, whatever its TFLOP/s say.
+
+:func:`cuda_event_timer` plugs the events into pytest-benchmark: pass it as
 ``@pytest.mark.benchmark(timer=cuda_event_timer)`` and pytest-benchmark's ``end - start``
-becomes the GPU time between the events (it waits for the end event). The L2 flush is the
+becomes the GPU time between the events (it waits for the end event). The round setup is the
 ``setup`` of ``benchmark.pedantic``, so it stays outside the timed region.
 
 On the CPU rounds are timed in process CPU time (:data:`CPU_TIMER`): on a small CI box shared
@@ -13,11 +22,13 @@ with other jobs, wall-clock time mostly measures the neighbours.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 
 import torch
 
@@ -47,8 +58,31 @@ def cuda_event_timer() -> _EventStamp:
     return _EventStamp(event)
 
 
-class L2Flush:
-    """Zeroing a buffer larger than L2 before each round, like ``do_bench``."""
+#: The spin before each round lasts this many times the call's measured host time, plus
+#: HOLD_MARGIN_SECONDS (pytest-benchmark's own work between setup and the call), at most
+#: HOLD_MAX_SECONDS.
+HOLD_FACTOR, HOLD_MARGIN_SECONDS, HOLD_MAX_SECONDS = 2.0, 100e-6, 20e-3
+#: Cycles of ``torch.cuda._sleep`` timed once per process to convert seconds to cycles.
+_CALIBRATION_CYCLES = 10_000_000
+
+
+@functools.cache
+def _spin_cycles_per_second() -> float:
+    """Clock cycles per second of ``torch.cuda._sleep`` on the current device (timed once)."""
+    start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+    torch.cuda._sleep(_CALIBRATION_CYCLES)  # the clock ramps up on the first one
+    start.record()
+    torch.cuda._sleep(_CALIBRATION_CYCLES)
+    end.record()
+    end.synchronize()
+    return _CALIBRATION_CYCLES / (start.elapsed_time(end) / 1e3)
+
+
+class RoundSetup:
+    """Before each timed round: evict L2 (zero a buffer larger than it, like ``do_bench``),
+    then on CUDA keep the GPU spinning for ``hold_seconds`` so that the host's launch latency
+    falls inside the spin, not inside the timed round (set by :func:`warm_up` from the call's
+    host time)."""
 
     def __init__(self, device: str):
         self.buffer = (
@@ -56,25 +90,44 @@ class L2Flush:
             if device == "cuda"
             else None
         )
+        self.hold_seconds = 0.0
 
     def __call__(self) -> None:
         if self.buffer is not None:
             self.buffer.zero_()
+            if self.hold_seconds > 0:
+                torch.cuda._sleep(int(self.hold_seconds * _spin_cycles_per_second()))
 
 
 CPU_TIMER = time.process_time
 
 
-def time_once(fn: Callable[[], object], device: str, flush: L2Flush) -> float:
-    """Seconds of one call: CUDA events around it after an L2 flush, or CPU time."""
+def time_once(fn: Callable[[], object], device: str, setup: RoundSetup) -> float:
+    """Seconds of one call: CUDA events around it after the round setup, or CPU time."""
     if device != "cuda":
         start = CPU_TIMER()
         fn()
         return CPU_TIMER() - start
-    flush()
+    setup()
     start = cuda_event_timer()
     fn()
     return cuda_event_timer() - start
+
+
+def host_seconds(fn: Callable[[], object], device: str) -> float | None:
+    """Wall seconds the host spends in one call of ``fn`` with an idle GPU (median of three):
+    the launch latency, or the whole GPU time when the call synchronises. ``None`` on the CPU,
+    where the timed seconds are host seconds."""
+    if device != "cuda":
+        return None
+    times = []
+    for _ in range(3):
+        torch.cuda.synchronize()
+        start = perf_counter()
+        fn()
+        times.append(perf_counter() - start)
+    torch.cuda.synchronize()
+    return statistics.median(times)
 
 
 def rounds_for(seconds_per_call: float, device: str) -> int:
@@ -83,16 +136,28 @@ def rounds_for(seconds_per_call: float, device: str) -> int:
     return max(MIN_ROUNDS if device == "cuda" else CPU_MIN_ROUNDS, min(MAX_ROUNDS, wanted))
 
 
-def warm_up(fn: Callable[[], object], device: str, flush: L2Flush) -> float:
-    """Run ``fn`` (twice on CUDA: compilation, autotuning); returns the last call's seconds."""
+@dataclass(frozen=True)
+class WarmUp:
+    """What :func:`warm_up` measured: seconds of the last timed call, host seconds per call."""
+
+    seconds: float
+    host_seconds: float | None
+
+
+def warm_up(fn: Callable[[], object], device: str, setup: RoundSetup) -> WarmUp:
+    """Run ``fn`` (twice on CUDA: compilation, autotuning), measure its host time and size the
+    setup's spin for it; returns the last timed call's seconds and the host seconds."""
     seconds = 0.0
     for _ in range(2 if device == "cuda" else 1):
-        seconds = time_once(fn, device, flush)
-    return seconds
+        seconds = time_once(fn, device, setup)
+    host = host_seconds(fn, device)
+    if host is not None:
+        setup.hold_seconds = min(HOLD_MAX_SECONDS, HOLD_FACTOR * host + HOLD_MARGIN_SECONDS)
+        seconds = time_once(fn, device, setup)
+    return WarmUp(seconds, host)
 
 
-def median_seconds(fn: Callable[[], object], device: str, flush: L2Flush) -> float:
+def median_seconds(fn: Callable[[], object], device: str, setup: RoundSetup) -> float:
     """Median seconds of ``fn`` with the same protocol as the pytest-benchmark path."""
-    per_call = warm_up(fn, device, flush)
-    rounds = rounds_for(per_call, device)
-    return statistics.median(time_once(fn, device, flush) for _ in range(rounds))
+    rounds = rounds_for(warm_up(fn, device, setup).seconds, device)
+    return statistics.median(time_once(fn, device, setup) for _ in range(rounds))

@@ -845,17 +845,37 @@ def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
     }
 
 
+#: What the last launch of each pass ran with (see :func:`last_launch`).
+_LAST_LAUNCH: dict[str, str] = {}
+
+
 def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[int, int]],
             args: tuple, meta: dict, tiles: Tiles) -> None:
     """Launch ``kernel`` (an unspecialised twin) with explicit tiles, or the specialised,
     autotuned ``tuned`` when ``tiles`` is None. ``grid(BLOCK_M, BLOCK_N)`` gives the grid."""
     if tiles is None:
         tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
-        return
-    block_m, block_n = tiles
-    options = _explicit_launch_options(block_m, block_n, meta["head_dim"], meta["head_dim_v"],
-                                       _itemsize(args[0]))
-    kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
+        cfg = tuned.best_config
+        block_m, block_n = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
+        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        how = "tuned"
+    else:
+        block_m, block_n = tiles
+        options = _explicit_launch_options(block_m, block_n, meta["head_dim"],
+                                           meta["head_dim_v"], _itemsize(args[0]))
+        kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
+        how = "fixed"
+    tma = " TMA" if meta.get("TMA") else ""
+    _LAST_LAUNCH[kernel.fn.__name__.removeprefix("_attn_")] = (
+        f"{block_m}x{block_n} w{options['num_warps']} s{options['num_stages']}{tma} ({how})"
+    )
+
+
+def last_launch() -> dict[str, str]:
+    """Tiles, warps and stages of the last launch of each pass (``fwd``, ``bwd_dkdv``,
+    ``bwd_dq``), e.g. ``{"fwd": "128x64 w8 s3 TMA (tuned)"}``: which configuration the
+    autotuner picked, for benchmark reports (``benchmarks.bench_attention`` records it)."""
+    return dict(_LAST_LAUNCH)
 
 
 def _tma_ready(*tensors: Tensor) -> bool:
@@ -989,3 +1009,4 @@ def _capabilities() -> Capabilities:
 
 
 attention.capabilities = _capabilities()
+attention.last_launch = last_launch

@@ -1,0 +1,40 @@
+"""Meta-tests of the benchmark helpers that run on any machine: the report's host-time column
+and launch column, and the CPU side of the timing protocol (the CUDA side, the spin before each
+round, needs a GPU: ci/gpu-check runs it)."""
+
+from __future__ import annotations
+
+from benchmarks.report import grid_table
+from benchmarks.timing import RoundSetup, warm_up
+
+
+def _info(median_s: float, host_s: float | None, **extra) -> dict:
+    return {
+        "kernel": "k", "mode": "fwd", "d": 64, "causal": False, "dtype": "torch.bfloat16",
+        "n": 512, "median_s": median_s, "host_s": host_s, "tflops": 1.0, "peak_mem_bytes": 0,
+        "ratios": {}, **extra,
+    }
+
+
+def test_host_time_beyond_gpu_time_is_flagged_launch_bound() -> None:
+    rows = grid_table([_info(1e-3, 2e-3), _info(2e-3, 1e-3)])
+    by_ms = {row.split(" | ")[6]: row for row in rows[2:]}
+    assert "2.000 (launch-bound)" in by_ms["1.000"]
+    assert "launch-bound" not in by_ms["2.000"]
+
+
+def test_host_and_launch_columns() -> None:
+    head, _, row = grid_table([_info(1e-3, None, launch={"fwd": "128x64 w8 s3 (tuned)"})])
+    assert "host ms" in head and head.rstrip(" |").endswith("launch")
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[7] == "-"  # no host time on the CPU
+    assert cells[-1] == "fwd: 128x64 w8 s3 (tuned)"
+
+
+def test_cpu_warm_up_has_no_host_time_and_no_spin() -> None:
+    setup = RoundSetup("cpu")
+    calls = []
+    warm = warm_up(lambda: calls.append(1), "cpu", setup)
+    assert warm.host_seconds is None and warm.seconds >= 0
+    assert setup.hold_seconds == 0 and setup.buffer is None
+    assert calls == [1]
