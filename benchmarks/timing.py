@@ -4,12 +4,15 @@ On CUDA every timed round is bracketed by CUDA events and preceded (untimed) by 
 :class:`RoundSetup`: zeroing a 256 MiB buffer, which evicts the H200's L2 (50 MiB), exactly as
 ``triton.testing.do_bench`` does, then a spin kernel that keeps the GPU busy while the host
 records the start event and enqueues the call (nvbench's "blocking kernel"). Without the spin
-the flush ends after some 60 us and the GPU idles until the call's first kernel arrives, so the
-round timed the host's launch latency too: a Python launcher with 0.3 ms of host work lost
-0.25 ms per call at N = 512 on the H200 (session 11), a C++ one almost nothing. In a loop of
-calls the host runs ahead of the GPU and that latency is hidden; it is reported apart instead
-(:func:`host_seconds`, the benchmarks' ``host_s``): a kernel whose host time exceeds its GPU
-time is launch-bound, whatever its TFLOP/s say.
+the flush (256 MiB at some 4 TB/s: about 60 us) ends before a Python launcher has enqueued
+the call, the GPU idles meanwhile, and the round times the host's launch latency too; a C++
+dispatcher such as SDPA's loses little of it. (On the H200, session 11, the triton forward's
+small-N rows sat 0.2-0.3 ms above its own large-N trend: causal, d = 128, bf16 took 0.69-0.71 ms
+at N = 2k and 1.22-1.31 ms at N = 8k, four times the FLOPs; the host column below is there to
+confirm or refute that cause.) In a loop of calls the host runs ahead of the GPU and that
+latency is hidden; it is reported apart instead (:func:`host_seconds`, the benchmarks'
+``host_s``): a kernel whose host time exceeds its GPU time is launch-bound, whatever its
+TFLOP/s say.
 
 :func:`cuda_event_timer` plugs the events into pytest-benchmark: pass it as
 ``@pytest.mark.benchmark(timer=cuda_event_timer)`` and pytest-benchmark's ``end - start``
