@@ -87,6 +87,26 @@ def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
     assert "(1 processes, 0 of them taken from an earlier call)" in report
 
 
+def test_fuzz_split_per_file(tmp_path: Path):
+    """FLASHPROP_GPU_FUZZ_SPLIT="1 test_golden=2": golden in two processes of half the examples
+    each, the other file in one."""
+    run, report = gpu_check(
+        tmp_path / "out",
+        FLASHPROP_GPU_PHASES="fuzz",
+        FLASHPROP_GPU_FILES="properties/test_golden.py properties/test_precision.py",
+        FLASHPROP_GPU_FUZZ_KERNELS="sdpa-math",
+        FLASHPROP_GPU_FUZZ_EXAMPLES="4",
+        FLASHPROP_GPU_FUZZ_SPLIT="1 test_golden=2",
+    )
+    assert run.returncode == 0, run.stdout + run.stderr + report
+    assert ("sdpa-math", "forward", "4") in table_rows(report)  # 2 x 2
+    assert ("sdpa-math", "precision", "2") in table_rows(report)  # 1 x 4, weight 0.5
+    assert "(3 processes, 0 of them taken from an earlier call)" in report
+    log = (tmp_path / "out" / "fuzz.log").read_text()
+    assert log.count("test_golden.py") >= 2 and "--max-examples 2 " in log
+    assert "test_precision.py" in log and "--max-examples 4 " in log
+
+
 def test_state_keeps_finished_processes_for_the_next_call(tmp_path: Path):
     """With FLASHPROP_GPU_STATE a second identical call runs no process again and reports the
     same tallies; a different command (more examples) runs again."""
