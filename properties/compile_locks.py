@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -43,9 +44,30 @@ class CompileStats:
     wait_seconds: float = 0.0
 
     def line(self) -> str:
+        """What each process prints at its end (``flashprop: `` before it): :meth:`parse` and
+        ``python -m properties.compile_locks LOG...`` read it back."""
         return (f"Triton: {self.variants} kernel variants compiled or loaded in "
                 f"{self.compile_seconds:.0f} s, {self.wait_seconds:.0f} s waiting for other "
                 f"processes' compilations ({self.waited} variants)")
+
+    @classmethod
+    def parse(cls, text: str) -> CompileStats | None:
+        """The stats in a :meth:`line` (seconds as printed, whole), or None if there is none."""
+        found = _LINE.search(text)
+        if found is None:
+            return None
+        return cls(variants=int(found["variants"]), waited=int(found["waited"]),
+                   compile_seconds=float(found["compile"]), wait_seconds=float(found["wait"]))
+
+    def __add__(self, other: CompileStats) -> CompileStats:
+        return CompileStats(self.variants + other.variants, self.waited + other.waited,
+                            self.compile_seconds + other.compile_seconds,
+                            self.wait_seconds + other.wait_seconds)
+
+
+_LINE = re.compile(r"Triton: (?P<variants>\d+) kernel variants compiled or loaded in "
+                   r"(?P<compile>\d+) s, (?P<wait>\d+) s waiting for other processes' "
+                   r"compilations \((?P<waited>\d+) variants\)")
 
 
 STATS = CompileStats()
@@ -130,3 +152,20 @@ def install_from_environment() -> None:
     directory = os.environ.get(ENV)
     if directory and os.environ.get("TRITON_INTERPRET") != "1":
         install(directory)
+
+
+def summary(logs: list[str]) -> str:
+    """One line for many processes' logs: their stats summed (empty if none printed any)."""
+    found = [stats for log in logs if (stats := CompileStats.parse(log)) is not None]
+    if not found:
+        return ""
+    total = sum(found, CompileStats())
+    return (f"Triton in {len(found)} processes: {total.variants} kernel variants compiled or "
+            f"loaded in {total.compile_seconds:.0f} s, {total.wait_seconds:.0f} s waiting for "
+            f"other processes ({total.waited} variants)")
+
+
+if __name__ == "__main__":  # python -m properties.compile_locks LOG...: the summed line
+    line = summary([open(path, errors="replace").read() for path in sys.argv[1:]])
+    if line:
+        print(line)

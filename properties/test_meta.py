@@ -433,3 +433,18 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
         assert locks.STATS.waited == 1 and locks.STATS.wait_seconds >= 0.2
     finally:
         os.close(holder)
+
+
+def test_compile_stats_lines_read_back_and_sum():
+    """ci/gpu-check sums the processes' compile lines with ``python -m properties.compile_locks``:
+    the parser reads back what ``line()`` prints, and logs without a line are left out."""
+    from properties.compile_locks import CompileStats, summary
+
+    a = CompileStats(variants=12, waited=2, compile_seconds=30.4, wait_seconds=5.6)
+    b = CompileStats(variants=3, waited=0, compile_seconds=7.0, wait_seconds=0.0)
+    assert CompileStats.parse(f"... flashprop: {a.line()}\n") == CompileStats(12, 2, 30.0, 6.0)
+    assert CompileStats.parse("no line here") is None
+    logs = [f"flashprop: {a.line()}", "killed before its summary", f"x\nflashprop: {b.line()}\n"]
+    assert summary(logs) == ("Triton in 2 processes: 15 kernel variants compiled or loaded in "
+                             "37 s, 6 s waiting for other processes (2 variants)")
+    assert summary(["nothing"]) == ""
