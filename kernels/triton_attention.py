@@ -574,7 +574,7 @@ _SMEM_BUDGET: int = 160 * 1024
 _MAX_GRID_Y: int = 65535
 #: On a GPU, 16-bit problems with at least this many scores (Nq * Nk) are autotuned; smaller
 #: ones, and fp32/fp64 (FMA-unit dots, where small tiles are the answer anyway), take fixed
-#: tiles: autotuning compiles ~20 kernels per (D, Dv, dtype, causal) key, which pays only on
+#: tiles: autotuning compiles ~20 kernels per (padded D, Dv, dtype, causal) key, which pays only on
 #: big problems and would dominate a property suite's many small, varied ones.
 _AUTOTUNE_MIN_SCORES: int = 512 * 512
 #: Sequences at least this long are tuned apart from shorter ones (``SEQ_CLASS``, an autotuning
@@ -707,9 +707,12 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
     tuner = triton.autotune(
         configs=configs,
-        # the dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
-        # TMA (forward only: the backward kernels have no such argument, the key skips it)
-        key=["head_dim", "head_dim_v", "CAUSAL", "SEQ_CLASS", "TMA"],
+        # Keyed on the compiled kernel's shape, not on the head dims themselves: D = 65..128
+        # run one compiled kernel (BLOCK_D = 128, EVEN_D false), so they share one tuning
+        # instead of each distinct D tuning (compiling and timing every config) again. The
+        # dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
+        # TMA (forward only: the backward kernels have no such argument, the key skips it).
+        key=["BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "SEQ_CLASS", "TMA"],
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
     if any(c.pre_hook for c in configs):
