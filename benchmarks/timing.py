@@ -31,7 +31,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import perf_counter
 
 import torch
 
@@ -126,9 +125,9 @@ def host_seconds(fn: Callable[[], object], device: str) -> float | None:
     times = []
     for _ in range(3):
         torch.cuda.synchronize()
-        start = perf_counter()
+        start = time.perf_counter()
         fn()
-        times.append(perf_counter() - start)
+        times.append(time.perf_counter() - start)
     torch.cuda.synchronize()
     return statistics.median(times)
 
