@@ -66,6 +66,33 @@ def grid_table(infos: Iterable[dict]) -> list[str]:
     return lines
 
 
+def split_table(infos: Iterable[dict]) -> list[str]:
+    """Rows of forward and backward-only speed against each anchor, per kernel and
+    configuration timed in both modes: backward seconds = (fwd+bwd) - fwd, the anchors' from
+    their ratios in the same run (anchor seconds = ratio x kernel seconds)."""
+    timed = {(i["kernel"], i["mode"], i["d"], i["causal"], i["dtype"], i["n"]): i
+             for i in infos if "tflops" in i}
+    lines: list[str] = []
+    for (kernel, mode, d, causal, dtype, n), fwd in sorted(timed.items(), key=lambda kv: kv[0]):
+        both = timed.get((kernel, "fwd+bwd", d, causal, dtype, n))
+        if mode != "fwd" or both is None:
+            continue
+        bwd_s = both["median_s"] - fwd["median_s"]
+        cells = []
+        for anchor in sorted(set(fwd["ratios"]) & set(both["ratios"])):
+            anchor_bwd = both["ratios"][anchor] * both["median_s"] - fwd["ratios"][anchor] * fwd["median_s"]
+            bwd = f"{anchor_bwd / bwd_s:.2f}x" if bwd_s > 0 and anchor_bwd > 0 else "-"
+            cells.append(f"{anchor}: fwd {fwd['ratios'][anchor]:.2f}x, bwd {bwd}")
+        if cells:
+            mask = "causal" if causal else "full"
+            lines.append(f"| {kernel} | d{d} {mask} {SHORT_DTYPE.get(dtype, dtype)} | {n} | "
+                         f"{1e3 * fwd['median_s']:.3f} | {1e3 * bwd_s:.3f} | {'; '.join(cells)} |")
+    if not lines:
+        return []
+    return ["| kernel | configuration | N | fwd ms | bwd ms ((fwd+bwd) - fwd) | against anchors |",
+            "|---|---|---|---|---|---|", *lines]
+
+
 def calibrated_table(infos: Iterable[dict]) -> list[str]:
     """Rows of the CPU gate: speed relative to the calibration anchor (anchor s / benchmark s)."""
     rows = [i for i in infos if "tflops" not in i and "mem_exponent" not in i and "median_s" in i]
@@ -160,6 +187,7 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
         lines += [f"(no plot: {why_not})", ""]
     for title, body in (
         ("Kernels (TFLOP/s)", grid_table(infos)),
+        ("Forward and backward against the anchors (higher is faster)", split_table(infos)),
         ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))", memory_table(infos)),
         ("Suite hot paths (CPU gate)", calibrated_table(infos)),
     ):

@@ -4,7 +4,7 @@ round, needs a GPU: ci/gpu-check runs it)."""
 
 from __future__ import annotations
 
-from benchmarks.report import grid_table
+from benchmarks.report import grid_table, split_table
 from benchmarks.timing import RoundSetup, warm_up
 
 
@@ -38,3 +38,14 @@ def test_cpu_warm_up_has_no_host_time_and_no_spin() -> None:
     assert warm.host_seconds is None and warm.seconds >= 0
     assert setup.hold_seconds == 0 and setup.buffer is None
     assert calls == [1]
+
+
+def test_backward_alone_is_fwd_plus_bwd_minus_fwd_for_kernel_and_anchor() -> None:
+    """Kernel: fwd 1 ms, fwd+bwd 4 ms -> bwd 3 ms. Anchor: fwd 2 ms (ratio 2.0), fwd+bwd 8 ms
+    (ratio 2.0) -> bwd 6 ms, so the kernel's backward is 2.00x the anchor's."""
+    fwd = _info(1e-3, None, ratios={"flash": 2.0})
+    both = {**_info(4e-3, None, ratios={"flash": 2.0}), "mode": "fwd+bwd"}
+    lines = split_table([fwd, both])
+    assert len(lines) == 3
+    assert "| 1.000 | 3.000 | flash: fwd 2.00x, bwd 2.00x |" in lines[2]
+    assert split_table([fwd]) == []  # no fwd+bwd row: nothing to subtract
