@@ -9,13 +9,17 @@ and the same configurations timed again by the benchmarks' own protocol
 (``benchmarks.timing.median_seconds``: L2 flush, a spin over the launch latency, CUDA events)
 with each pass pinned in turn to one configuration, the others left at their picks. A pick the
 two protocols disagree on, or a spread far wider than the pick's, says where a slow row of the
-benchmark table comes from. ``--json PATH`` writes the numbers too.
+benchmark table comes from. ``--tma both`` (the default) does all of it twice on the same GPU,
+with the forward's TMA descriptors and with pointer loads (``FLASHPROP_TRITON_TMA=0``, read at
+every call; TMA is an autotuning key, so each is tuned on its own). ``--json PATH`` writes the
+numbers too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -41,13 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", choices=sorted(NAME_BY_SHORT), default="bf16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd")
+    parser.add_argument("--tma", choices=("on", "off", "both"), default="both",
+                        help="the forward's loads: TMA descriptors, pointers, or each in turn")
     parser.add_argument("--json", type=Path, help="also write the timings here")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("triton_tuning: needs a CUDA GPU (the autotuner runs only there)", file=sys.stderr)
         return 2
 
-    import kernels.triton_attention as ta
     from benchmarks.bench_attention import make_call
     from kernels.registry import load_kernel
 
@@ -55,19 +60,35 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(n=args.n, d=args.d, causal=args.causal, dtype=name, mode=args.mode,
                  tokens=16384, hidden=2048, device="cuda")
     call = make_call(load_kernel("triton"), cfg)
-    call()  # tunes every pass
-    torch.cuda.synchronize()
-    tuners = {"fwd": ta._attn_fwd_tuned}
-    if args.mode == "fwd+bwd":
-        tuners |= {"bwd_dkdv": ta._attn_bwd_dkdv_tuned, "bwd_dq": ta._attn_bwd_dq_tuned}
     setup = RoundSetup("cuda")
-    report: dict[str, list[dict]] = {}
+    report: dict[str, dict[str, list[dict]]] = {}
     print(f"{cfg.label}: B={cfg.b} H={cfg.h}, {cfg.flops / 1e9:.1f} GFLOP per call")
+    for tma in ("on", "off") if args.tma == "both" else (args.tma,):
+        os.environ["FLASHPROP_TRITON_TMA"] = "1" if tma == "on" else "0"
+        report[f"tma-{tma}"] = _probe(call, cfg, setup, tma, args.mode)
+    if args.json:
+        args.json.write_text(json.dumps({"config": cfg.label, "runs": report}, indent=1))
+    return 0
+
+
+def _probe(call, cfg: Config, setup: RoundSetup, tma: str, mode: str) -> dict[str, list[dict]]:
+    """Tune every pass (one call), then time each pass pinned to each configuration it timed."""
+    import kernels.triton_attention as ta
+
+    tuners = {"fwd": ta._attn_fwd_tuned}
+    if mode == "fwd+bwd":
+        tuners |= {"bwd_dkdv": ta._attn_bwd_dkdv_tuned, "bwd_dq": ta._attn_bwd_dq_tuned}
+    known = {name: set(tuner.cache) for name, tuner in tuners.items()}
+    call()  # tunes the passes this problem has not tuned yet
+    torch.cuda.synchronize()
+    report: dict[str, list[dict]] = {}
     for pass_name, tuner in tuners.items():
-        if not tuner.cache:
-            print(f"{pass_name}: not autotuned for this problem (fixed tiles)")
+        new = set(tuner.cache) - known[pass_name]
+        if len(new) != 1:  # fixed tiles, or tuned by the previous run (no TMA key)
+            print(f"\nTMA {tma}, {pass_name}: no new tuning (fixed tiles, or tuned above)")
             continue
-        (key, picked), = tuner.cache.items()
+        (key,) = new
+        picked = tuner.cache[key]
         rows = []
         for config, timing in sorted(tuner.configs_timings.items(), key=lambda kv: kv[1][0]):
             tuner.cache[key] = config  # pin this pass to the configuration
@@ -79,16 +100,14 @@ def main(argv: list[str] | None = None) -> int:
             })
         tuner.cache[key] = picked
         report[pass_name] = rows
-        print(f"\n{pass_name} (key {key}):")
+        print(f"\nTMA {tma}, {pass_name} (key {key}):")
         print("  config            do_bench ms (p50 [p20, p80])   whole call ms   call TFLOP/s")
         for r in rows:
             p50, p20, p80 = r["do_bench_ms"]
             mark = " <- picked" if r["picked"] else ""
             print(f"  {r['config']:<17} {p50:8.3f} [{p20:.3f}, {p80:.3f}]      "
                   f"{r['protocol_ms']:10.3f}   {r['call_tflops']:8.1f}{mark}")
-    if args.json:
-        args.json.write_text(json.dumps({"config": cfg.label, "passes": report}, indent=1))
-    return 0
+    return report
 
 
 if __name__ == "__main__":
