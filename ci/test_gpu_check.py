@@ -164,6 +164,23 @@ def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
     assert "REGRESSION" in report and "-66.7%" in report
 
 
+def test_processes_and_benchmark_chunks_take_the_gpus_in_turn(tmp_path: Path):
+    """FLASHPROP_GPU_IDS="0 1" (on the CPU only a label): property processes alternate between
+    the two, benchmark chunks run on both at once (d64 and memory on GPU 0, d128 on GPU 1) and
+    their results are merged in grid order."""
+    out = tmp_path / "out"
+    run, report = gpu_check(out, FLASHPROP_GPU_PHASES="properties benchmarks", FLASHPROP_GPU_IDS="0 1",
+                            FLASHPROP_GPU_KERNELS="sdpa-math@2 ref-blocked@2",
+                            FLASHPROP_GPU_BENCH_KERNELS="ref-blocked", FLASHPROP_BENCH_SEQLENS="128")
+    assert run.returncode == 0, run.stdout + run.stderr + report
+    assert "2 pytest jobs, 2 at a time on 2 GPU(s)" in run.stdout
+    for chunk, gpu in (("d64", 0), ("d128", 1), ("memory", 0)):
+        assert f"benchmarks-{chunk} on GPU {gpu}" in run.stdout
+    dims = [b["extra_info"].get("d") for b in json.loads((out / "bench.json").read_text())["benchmarks"]]
+    assert 64 in dims and 128 in dims
+    assert dims.index(128) > max(i for i, d in enumerate(dims) if d == 64)  # grid order
+
+
 def test_benchmark_chunks_past_the_deadline_are_reported_not_run(tmp_path: Path):
     out = tmp_path / "out"
     run, report = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", FLASHPROP_GPU_BENCH_SECONDS="1",
