@@ -608,7 +608,7 @@ def _smem_bytes(resident: int, streamed: int, width: int, itemsize: int, stages:
 def _explicit_tiles_fit(block_m: int, block_n: int, d: int, dv: int, dtype: torch.dtype) -> bool:
     """Whether explicit tiles fit the GPU's shared-memory budget with one pipeline stage
     (in every kernel: the query tile and the key tile are each resident in one of them)."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     width = _pow2_dim(d) + _pow2_dim(dv)
     return _smem_bytes(block_m, block_n, width, itemsize, 1) <= _SMEM_BUDGET
 
@@ -822,7 +822,7 @@ def _resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
     explicit tiles on a GPU, fixed ones for other problems without, else the explicit ones
     (a missing one defaults), refused when they overflow shared memory."""
     if block_m is None and block_n is None and not INTERPRET:
-        if torch.empty((), dtype=dtype).element_size() == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
+        if dtype.itemsize == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
             return None
         return _fixed_tiles(d, dv, dtype)
     tiles = (block_m or _DEFAULT_TILE, block_n or _DEFAULT_TILE)
@@ -848,8 +848,9 @@ def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
     }
 
 
-#: What the last launch of each pass ran with (see :func:`last_launch`).
-_LAST_LAUNCH: dict[str, str] = {}
+#: What the last launch of each pass ran with: (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA,
+#: tuned), formatted only when asked (:func:`last_launch`), not on every launch.
+_LAST_LAUNCH: dict[str, tuple[int, int, int, int, bool, bool]] = {}
 
 
 def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[int, int]],
@@ -859,26 +860,25 @@ def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[
     if tiles is None:
         tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
         cfg = tuned.best_config
-        block_m, block_n = cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"]
-        options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
-        how = "tuned"
+        launched = (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
     else:
         block_m, block_n = tiles
         options = _explicit_launch_options(block_m, block_n, meta["head_dim"],
                                            meta["head_dim_v"], _itemsize(args[0]))
         kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
-        how = "fixed"
-    tma = " TMA" if meta.get("TMA") else ""
-    _LAST_LAUNCH[kernel.fn.__name__.removeprefix("_attn_")] = (
-        f"{block_m}x{block_n} w{options['num_warps']} s{options['num_stages']}{tma} ({how})"
-    )
+        launched = (block_m, block_n, options["num_warps"], options["num_stages"])
+    _LAST_LAUNCH[kernel.fn.__name__] = (*launched, bool(meta.get("TMA")), tiles is None)
 
 
 def last_launch() -> dict[str, str]:
     """Tiles, warps and stages of the last launch of each pass (``fwd``, ``bwd_dkdv``,
     ``bwd_dq``), e.g. ``{"fwd": "128x64 w8 s3 TMA (tuned)"}``: which configuration the
     autotuner picked, for benchmark reports (``benchmarks.bench_attention`` records it)."""
-    return dict(_LAST_LAUNCH)
+    return {
+        name.removeprefix("_attn_"):
+            f"{bm}x{bn} w{warps} s{stages}{' TMA' if tma else ''} ({'tuned' if tuned else 'fixed'})"
+        for name, (bm, bn, warps, stages, tma, tuned) in _LAST_LAUNCH.items()
+    }
 
 
 def _tma_ready(*tensors: Tensor) -> bool:
