@@ -27,7 +27,7 @@ import pytest
 from benchmarks.grid import (
     CPU_GRID,
     GPU_GRID,
-    SHORT_DTYPE,
+    LONG_DTYPE,
     SUBSETS,
     Config,
     GridSpec,
@@ -47,7 +47,6 @@ _OPTIONS = {
     "--bench-subset": "FLASHPROP_BENCH_SUBSET",
     "--bench-report": "FLASHPROP_BENCH_REPORT",
 }
-LONG_DTYPE = {short: name for name, short in SHORT_DTYPE.items()}
 DEFAULT_ANCHORS = {"cuda": ("sdpa-flash", "sdpa-cudnn"), "cpu": ("sdpa-math",)}
 
 

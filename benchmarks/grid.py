@@ -21,6 +21,7 @@ from properties.problem import DTYPES_BY_NAME, Problem
 MODES = ("fwd", "fwd+bwd")
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+LONG_DTYPE = {short: name for name, short in SHORT_DTYPE.items()}
 
 
 @dataclass(frozen=True)

@@ -27,10 +27,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.grid import SHORT_DTYPE, Config
+from benchmarks.grid import LONG_DTYPE, Config
 from benchmarks.timing import RoundSetup, median_seconds
-
-NAME_BY_SHORT = {short: name for name, short in SHORT_DTYPE.items()}
 
 
 def _describe(cfg) -> str:
@@ -42,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--d", type=int, default=128)
     parser.add_argument("--n", type=int, default=2048)
-    parser.add_argument("--dtype", choices=sorted(NAME_BY_SHORT), default="bf16")
+    parser.add_argument("--dtype", choices=sorted(LONG_DTYPE), default="bf16")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--mode", choices=("fwd", "fwd+bwd"), default="fwd")
     parser.add_argument("--tma", choices=("on", "off", "both"), default="both",
@@ -56,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.bench_attention import make_call
     from kernels.registry import load_kernel
 
-    name = NAME_BY_SHORT[args.dtype]
+    name = LONG_DTYPE[args.dtype]
     cfg = Config(n=args.n, d=args.d, causal=args.causal, dtype=name, mode=args.mode,
                  tokens=16384, hidden=2048, device="cuda")
     call = make_call(load_kernel("triton"), cfg)
