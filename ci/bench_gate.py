@@ -9,6 +9,9 @@ calibration workload on a CPU), so the ratio does not move with the machine, onl
     python ci/bench_gate.py ci/baselines/cpu.json results.json       # gate: exit 1 on regression
     python ci/bench_gate.py --update ci/baselines/cpu.json r1.json r2.json  # write the baseline
 
+``--update`` replaces the rows the run measured and keeps the baseline's other rows (a run cut
+short by a deadline does not drop what it did not reach); ``--replace`` writes the run alone.
+
 A row regresses when ``now < baseline * (1 - tolerance)``. The tolerance is stored in the
 baseline (``--tolerance`` overrides it); defaults: 25% on CUDA, 35% on CPU (a 2x slowdown is
 -50%). Baselines written from several runs keep the median ratio of each row.
@@ -88,7 +91,7 @@ def load_baseline(path: Path) -> tuple[Ratios, dict]:
     return ratios, data
 
 
-def write_baseline(path: Path, run: Ratios, device: str, tolerance: float, sources: list[Path]):
+def write_baseline(path: Path, run: Ratios, device: str, tolerance: float, runs: list[str]):
     entries: dict[str, dict[str, dict[str, float]]] = {}
     for (kernel, config, anchor), value in sorted(run.items()):
         entries.setdefault(kernel, {}).setdefault(config, {})[anchor] = round(value, 4)
@@ -97,7 +100,7 @@ def write_baseline(path: Path, run: Ratios, device: str, tolerance: float, sourc
         "device": device,
         "tolerance": tolerance,
         "updated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "runs": [p.name for p in sources],
+        "runs": runs,
         "entries": entries,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("baseline", type=Path, help="ci/baselines/<machine>.json")
     parser.add_argument("results", type=Path, nargs="+", help="pytest-benchmark JSON file(s)")
-    parser.add_argument("--update", action="store_true", help="write the baseline from the run")
+    parser.add_argument("--update", action="store_true",
+                        help="write the run's rows into the baseline, keeping rows it lacks")
+    parser.add_argument("--replace", action="store_true",
+                        help="write the baseline from the run alone")
     parser.add_argument(
         "--init-missing",
         action="store_true",
@@ -162,14 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     exists = args.baseline.is_file()
-    if args.update or (args.init_missing and not exists):
-        old_tol = load_baseline(args.baseline)[1].get("tolerance") if exists else None
-        tolerance = _first(args.tolerance, old_tol, DEFAULT_TOLERANCE[device])
-        write_baseline(args.baseline, run, device, tolerance, args.results)
+    if args.update or args.replace or (args.init_missing and not exists):
+        old, meta = load_baseline(args.baseline) if exists else ({}, {})
+        tolerance = _first(args.tolerance, meta.get("tolerance"), DEFAULT_TOLERANCE[device])
+        kept = {} if args.replace else {k: v for k, v in old.items() if k not in run}
+        runs = [*(meta.get("runs", []) if kept else []), *(p.name for p in args.results)]
+        write_baseline(args.baseline, {**kept, **run}, device, tolerance, runs)
         verb = "updated" if exists else "created (no baseline existed)"
         print(
-            f"bench gate: baseline {args.baseline} {verb}: {len(run)} ratios, "
-            f"tolerance {tolerance:.0%}; commit it"
+            f"bench gate: baseline {args.baseline} {verb}: {len(run)} ratios from the run, "
+            f"{len(kept)} kept from before, tolerance {tolerance:.0%}; commit it"
         )
         return 0
     if not exists:

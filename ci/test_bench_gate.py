@@ -1,0 +1,51 @@
+"""ci/bench_gate.py on made-up runs: a drop beyond the tolerance fails, ``--update`` keeps the
+baseline's rows a partial run lacks, ``--replace`` does not."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_gate
+
+
+def _run(path: Path, ratios: dict[str, float]) -> Path:
+    """A pytest-benchmark JSON file with one gated triton row per configuration."""
+    benchmarks = [
+        {"extra_info": {"device": "cuda", "kernel": "triton", "config": config,
+                        "ratios": {"sdpa-flash": ratio}}}
+        for config, ratio in ratios.items()
+    ]
+    path.write_text(json.dumps({"benchmarks": benchmarks}))
+    return path
+
+
+def _entries(path: Path) -> dict[str, float]:
+    data = json.loads(path.read_text())
+    return {config: a["sdpa-flash"] for config, a in data["entries"]["triton"].items()}
+
+
+def test_gate_fails_only_beyond_the_tolerance(tmp_path):
+    base = tmp_path / "base.json"
+    full = _run(tmp_path / "full.json", {"fwd N2048": 1.2, "fwd N4096": 1.3})
+    assert bench_gate.main(["--update", str(base), str(full)]) == 0
+    within = _run(tmp_path / "within.json", {"fwd N2048": 1.0, "fwd N4096": 1.3})
+    assert bench_gate.main([str(base), str(within)]) == 0  # -17% of 1.2, tolerance 25%
+    beyond = _run(tmp_path / "beyond.json", {"fwd N2048": 0.8, "fwd N4096": 1.3})
+    assert bench_gate.main([str(base), str(beyond)]) == 1  # -33%
+
+
+def test_update_keeps_rows_the_run_lacks_and_replace_drops_them(tmp_path):
+    base = tmp_path / "base.json"
+    assert bench_gate.main(["--update", str(base),
+                            str(_run(tmp_path / "a.json", {"x": 1.0, "y": 2.0}))]) == 0
+    partial = _run(tmp_path / "b.json", {"y": 3.0, "z": 4.0})
+    assert bench_gate.main(["--update", str(base), str(partial)]) == 0
+    assert _entries(base) == {"x": 1.0, "y": 3.0, "z": 4.0}
+    assert json.loads(base.read_text())["runs"] == ["a.json", "b.json"]
+    assert bench_gate.main(["--replace", str(base), str(partial)]) == 0
+    assert _entries(base) == {"y": 3.0, "z": 4.0}
+    assert json.loads(base.read_text())["runs"] == ["b.json"]
