@@ -125,6 +125,23 @@ def test_state_keeps_finished_processes_for_the_next_call(tmp_path: Path):
     assert "(2 processes, 0 of them taken from an earlier call)" in report
 
 
+def test_state_keeps_the_tally_of_a_cut_off_process(tmp_path: Path):
+    """A fuzz process cut off by its time limit (30 s, the least one that starts) fails the
+    phase, but its examples are kept in the state folder and counted in the table of all calls."""
+    state = tmp_path / "state"
+    run, report = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="fuzz",
+                            FLASHPROP_GPU_FUZZ_KERNELS="sdpa-math",
+                            FLASHPROP_GPU_FUZZ_EXAMPLES="100000", FLASHPROP_GPU_FUZZ_SPLIT="1",
+                            FLASHPROP_PROPERTY_TIMEOUT="30", FLASHPROP_GPU_STATE=str(state))
+    assert run.returncode == 1, run.stdout + run.stderr + report
+    assert "fuzz.sdpa-math.test_golden.1: exit 124" in report
+    (partial,) = state.glob("*/fuzz.sdpa-math.test_golden.1.partial.json")
+    run_so_far = sum(r["passed"] for r in json.loads(partial.read_text()) if r["property"] == "forward")
+    assert run_so_far > 0
+    assert ("sdpa-math", "forward", str(run_so_far)) in table_rows(report.split("every call")[1])
+    assert "(0 processes finished, 1 cut off: their most examples)" in report
+
+
 def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):
     kernel = tmp_path / "wrong.py"
     kernel.write_text(WRONG_KERNEL)
