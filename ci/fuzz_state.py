@@ -39,10 +39,12 @@ def keep(tally: Path, stem: Path, args: str) -> bool:
     """Store ``tally`` as ``stem.partial.json`` unless the one there, from the same command,
     ranks higher; True when stored."""
     kept, kept_args = stem.with_name(stem.name + ".partial.json"), stem.with_name(stem.name + ".partial.args")
-    if not tally.is_file():
+    try:
+        rank = _rank(tally)
+    except (OSError, ValueError):  # killed before or while pytest wrote it
         return False
     same = kept.is_file() and kept_args.is_file() and kept_args.read_text().strip() == args.strip()
-    if same and _rank(kept) >= _rank(tally):
+    if same and _rank(kept) >= rank:
         return False
     kept.write_text(tally.read_text())
     kept_args.write_text(args.strip() + "\n")

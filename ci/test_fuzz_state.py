@@ -37,6 +37,9 @@ def test_keep_prefers_failures_then_more_examples_of_the_same_command(tmp_path):
     assert fuzz_state.keep(_tally(tmp_path / "e.json", 1), stem, "another cmd")  # a new campaign
     assert _kept(stem) == 1
     assert not fuzz_state.keep(tmp_path / "missing.json", stem, "another cmd")  # killed, no tally
+    (tmp_path / "cut.json").write_text('[{"kernel": "k", "pro')  # killed while writing it
+    assert not fuzz_state.keep(tmp_path / "cut.json", state / "fuzz.k.test_golden.2", "cmd")
+    assert _kept(stem) == 1
 
 
 def _table(state: Path, capsys, monkeypatch) -> tuple[int, list[list[str]]]:
