@@ -79,11 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         print(f"no {args.phase} process in {args.state}")
         return 0
-    report.merge([str(p) for p in paths])
-    print("\n".join(report.summary_lines()))
+    code = report.main([str(p) for p in paths])  # the merged table, each failure, exit 1 if any
     print(f"({n_finished} processes finished, {n_partial} cut off: their most examples)")
-    failed = [key for key, t in report.TALLIES.items() if t.failed]
-    return 1 if failed else 0
+    return code
 
 
 if __name__ == "__main__":
