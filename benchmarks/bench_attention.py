@@ -7,7 +7,8 @@ carries the TFLOP/s, the host seconds per call (``host_s``), the peak extra memo
 kernel says it launched when it can tell (``launch``: a kernel function's optional
 ``last_launch()``, e.g. the autotuner's tiles), and ``ratios``: the kernel's speed over each
 anchor's (``anchor seconds / kernel seconds``) measured in the same run, which is what
-``ci/bench_gate.py`` compares with the baseline.
+``ci/bench_gate.py`` compares with the baseline, and ``timing``, the protocol that timed them
+(:data:`benchmarks.timing.PROTOCOLS`).
 
 Unavailable kernels and undeclared problems are skipped with the reason.
 """
@@ -29,7 +30,7 @@ from benchmarks.conftest import (
 )
 from benchmarks.grid import Config, configs, size_limit_reason
 from benchmarks.memory import peak_extra_bytes
-from benchmarks.timing import CPU_TIMER, cuda_event_timer, median_seconds, rounds_for, warm_up
+from benchmarks.timing import CPU_TIMER, PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
 from kernels.registry import Kernel
 
 #: Errors with which a kernel refuses a problem it does not support.
@@ -154,6 +155,7 @@ def test_attention_speed(
         tflops=cfg.flops / seconds / 1e12,
         peak_mem_bytes=peak,
         ratios=ratios,
+        timing=PROTOCOLS[device],
     )
     if launch:
         benchmark.extra_info["launch"] = launch

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 
 from benchmarks.calibration import ANCHORS, CALIBRATION_SHAPE, calibration_inputs
 from benchmarks.conftest import BenchState
-from benchmarks.timing import CPU_TIMER
+from benchmarks.timing import CPU_TIMER, PROTOCOLS
 from kernels.registry import Kernel
 from properties.check import assert_close_to_golden, references, run_kernel
 from properties.problem import Problem
@@ -86,6 +86,7 @@ def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: s
         median_s=statistics.median(times),
         anchor_s=statistics.median(anchor_times),
         ratios={anchor: statistics.median(pairs)},
+        timing=PROTOCOLS["cpu"],
         **info,
     )
 

@@ -34,6 +34,13 @@ from dataclasses import dataclass
 
 import torch
 
+#: The timing protocol of each device, written with every gated ratio (``extra_info["timing"]``).
+#: ``ci/bench_gate.py`` compares a ratio only with a baseline row of the same protocol: give an
+#: entry a new name whenever a change here moves the ratios without a change of kernel code.
+PROTOCOLS = {
+    "cuda": "cuda events, L2 flush, spin (2026-11-29)",
+    "cpu": "process CPU time (2026-11-29)",
+}
 L2_FLUSH_BYTES = 256 * 1024 * 1024
 #: Wall-clock seconds of timed rounds to aim for per measurement.
 TARGET_SECONDS = 0.15

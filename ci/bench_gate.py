@@ -12,10 +12,18 @@ calibration workload on a CPU), so the ratio does not move with the machine, onl
 ``--update`` replaces the rows the run measured and keeps the baseline's other rows (a run cut
 short by a deadline does not drop what it did not reach); ``--replace`` writes the run alone.
 
+Each gated benchmark also names its timing protocol (``extra_info["timing"]``,
+``benchmarks.timing.PROTOCOLS``) and the baseline keeps it per row: a row timed under another
+protocol than the baseline's (or with none recorded) is not compared but reported for
+re-recording, since a change of protocol moves ratios with no change of code (with the spin
+kernel, session 12, the triton forward at d128 causal fp16 N = 2k went from 0.69 to 0.34 ms on
+the H200). A run that leaves nothing to compare for that reason exits 2.
+
 A row regresses when ``now < baseline * (1 - tolerance)``. The tolerance is stored in the
 baseline (``--tolerance`` overrides it); defaults: 25% on CUDA, 35% on CPU (a 2x slowdown is
 -50%). Baselines written from several runs keep the median ratio of each row.
-Exit codes: 0 pass, 1 regression, 2 usage error (no baseline, no gated benchmark in the run).
+Exit codes: 0 pass, 1 regression, 2 usage error (no baseline, no gated benchmark in the run,
+no row timed under the baseline's protocol).
 """
 
 from __future__ import annotations
@@ -31,7 +39,9 @@ from pathlib import Path
 DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.35}
 METRIC = "anchor seconds / kernel seconds, both from the same run (higher is faster)"
 
-Ratios = dict[tuple[str, str, str], float]
+Ratios = dict[tuple[str, str, str], float]  # (kernel, config, anchor) -> ratio
+Timings = dict[tuple[str, str], str]  # (kernel, config) -> timing protocol, where recorded
+OTHER_TIMING = "other timing: re-record"
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class Row:
     baseline: float | None
     now: float | None
     tolerance: float
+    timed_alike: bool = True
 
     @property
     def change(self) -> float | None:
@@ -57,6 +68,8 @@ class Row:
             return "missing"
         if self.baseline is None:
             return "new"
+        if not self.timed_alike:
+            return OTHER_TIMING
         if self.change < -self.tolerance:
             return "REGRESSION"
         if self.change > self.tolerance:
@@ -64,23 +77,27 @@ class Row:
         return "ok"
 
 
-def load_run(paths: list[Path]) -> tuple[Ratios, str]:
-    """Median ratio per (kernel, config, anchor) over the given JSON files, and the device."""
+def load_run(paths: list[Path]) -> tuple[Ratios, Timings, str]:
+    """Median ratio per (kernel, config, anchor) over the given JSON files, the timing protocol
+    per (kernel, config) where the benchmark names one, and the device."""
     samples: dict[tuple[str, str, str], list[float]] = {}
+    timings: Timings = {}
     devices = set()
     for path in paths:
         data = json.loads(path.read_text())
         for bench in data.get("benchmarks", []):
             info = bench.get("extra_info", {})
             devices.add(info.get("device", "cpu"))
+            if info.get("ratios") and info.get("timing"):
+                timings[info["kernel"], info["config"]] = info["timing"]
             for anchor, ratio in info.get("ratios", {}).items():
                 key = (info["kernel"], info["config"], anchor)
                 samples.setdefault(key, []).append(float(ratio))
     device = "cuda" if "cuda" in devices else "cpu"
-    return {key: statistics.median(vals) for key, vals in samples.items()}, device
+    return {key: statistics.median(vals) for key, vals in samples.items()}, timings, device
 
 
-def load_baseline(path: Path) -> tuple[Ratios, dict]:
+def load_baseline(path: Path) -> tuple[Ratios, Timings, dict]:
     data = json.loads(path.read_text())
     ratios = {
         (kernel, config, anchor): value
@@ -88,13 +105,23 @@ def load_baseline(path: Path) -> tuple[Ratios, dict]:
         for config, anchors in configs.items()
         for anchor, value in anchors.items()
     }
-    return ratios, data
+    timings = {
+        (kernel, config): protocol
+        for kernel, configs in data.get("timing", {}).items()
+        for config, protocol in configs.items()
+    }
+    return ratios, timings, data
 
 
-def write_baseline(path: Path, run: Ratios, device: str, tolerance: float, runs: list[str]):
+def write_baseline(
+    path: Path, run: Ratios, timings: Timings, device: str, tolerance: float, runs: list[str]
+):
     entries: dict[str, dict[str, dict[str, float]]] = {}
+    timing: dict[str, dict[str, str]] = {}
     for (kernel, config, anchor), value in sorted(run.items()):
         entries.setdefault(kernel, {}).setdefault(config, {})[anchor] = round(value, 4)
+        if (kernel, config) in timings:
+            timing.setdefault(kernel, {})[config] = timings[kernel, config]
     data = {
         "metric": METRIC,
         "device": device,
@@ -102,14 +129,23 @@ def write_baseline(path: Path, run: Ratios, device: str, tolerance: float, runs:
         "updated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "runs": runs,
         "entries": entries,
+        "timing": timing,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
-def compare(baseline: Ratios, run: Ratios, tolerance: float) -> list[Row]:
+def compare(
+    baseline: Ratios, run: Ratios, tolerance: float, base_timing: Timings, run_timing: Timings
+) -> list[Row]:
+    """One row per ratio of either side; rows timed under different protocols are not compared
+    (``None``, no protocol recorded, is a protocol of its own)."""
     keys = sorted(set(baseline) | set(run))
-    return [Row(*key, baseline.get(key), run.get(key), tolerance) for key in keys]
+    return [
+        Row(*key, baseline.get(key), run.get(key), tolerance,
+            base_timing.get(key[:2]) == run_timing.get(key[:2]))
+        for key in keys
+    ]
 
 
 def _fmt(value: float | None, pattern: str) -> str:
@@ -161,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     args = parser.parse_args(argv)
 
-    run, device = load_run(args.results)
+    run, run_timing, device = load_run(args.results)
     if not run:
         print(
             f"bench gate: no gated benchmark (extra_info.ratios) in {args.results}", file=sys.stderr
@@ -169,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     exists = args.baseline.is_file()
     if args.update or args.replace or (args.init_missing and not exists):
-        old, meta = load_baseline(args.baseline) if exists else ({}, {})
+        old, old_timing, meta = load_baseline(args.baseline) if exists else ({}, {}, {})
         tolerance = _first(args.tolerance, meta.get("tolerance"), DEFAULT_TOLERANCE[device])
         kept = {} if args.replace else {k: v for k, v in old.items() if k not in run}
         runs = [*(meta.get("runs", []) if kept else []), *(p.name for p in args.results)]
-        write_baseline(args.baseline, {**kept, **run}, device, tolerance, runs)
+        timings = {**{k[:2]: old_timing[k[:2]] for k in kept if k[:2] in old_timing}, **run_timing}
+        write_baseline(args.baseline, {**kept, **run}, timings, device, tolerance, runs)
         verb = "updated" if exists else "created (no baseline existed)"
         print(
             f"bench gate: baseline {args.baseline} {verb}: {len(run)} ratios from the run, "
@@ -183,24 +220,35 @@ def main(argv: list[str] | None = None) -> int:
     if not exists:
         print(f"bench gate: no baseline {args.baseline}; create it with --update", file=sys.stderr)
         return 2
-    baseline, meta = load_baseline(args.baseline)
+    baseline, base_timing, meta = load_baseline(args.baseline)
     tolerance = _first(args.tolerance, meta.get("tolerance"), DEFAULT_TOLERANCE[device])
-    rows = compare(baseline, run, tolerance)
+    rows = compare(baseline, run, tolerance, base_timing, run_timing)
     lines = table(rows)
     bad = [r for r in rows if r.status == "REGRESSION"]
-    counts = {s: sum(r.status == s for r in rows) for s in ("ok", "missing", "new")}
-    verdict = "FAIL" if bad else "pass"
+    counts = {s: sum(r.status == s for r in rows) for s in ("ok", "missing", "new", OTHER_TIMING)}
+    compared = [r for r in rows if r.change is not None and r.timed_alike]
+    unchecked = counts[OTHER_TIMING] and not compared
+    verdict = "FAIL" if bad else "NOTHING COMPARED" if unchecked else "pass"
     summary = (
         f"bench gate {verdict}: {len(bad)} regression(s) beyond -{tolerance:.0%} "
         f"of {args.baseline} "
-        f"({counts['ok']} ok, {counts['new']} new, {counts['missing']} missing; "
-        f"metric: {METRIC})"
+        f"({counts['ok']} ok, {counts['new']} new, {counts['missing']} missing, "
+        f"{counts[OTHER_TIMING]} timed under another protocol; metric: {METRIC})"
     )
+    if counts[OTHER_TIMING]:
+        stale = {(r.kernel, r.config) for r in rows if r.status == OTHER_TIMING}
+        none = "none recorded"
+        pairs = sorted({(base_timing.get(k, none), run_timing.get(k, none)) for k in stale})
+        summary += (
+            "\nbench gate: rows timed under another protocol than the baseline's (baseline -> run: "
+            + "; ".join(f"{a} -> {b}" for a, b in pairs)
+            + f") are not compared; re-record them: python ci/bench_gate.py --update {args.baseline} RUN.json"
+        )
     print("\n".join(lines))
     print(summary)
     if args.markdown:
         args.markdown.write_text("\n".join([*lines, "", summary, ""]))
-    return 1 if bad else 0
+    return 1 if bad else 2 if unchecked else 0
 
 
 if __name__ == "__main__":

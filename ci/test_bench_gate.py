@@ -1,5 +1,6 @@
 """ci/bench_gate.py on made-up runs: a drop beyond the tolerance fails, ``--update`` keeps the
-baseline's rows a partial run lacks, ``--replace`` does not."""
+baseline's rows a partial run lacks, ``--replace`` does not, rows timed under another protocol
+are not compared."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gate
 
 
-def _run(path: Path, ratios: dict[str, float]) -> Path:
-    """A pytest-benchmark JSON file with one gated triton row per configuration."""
+def _run(path: Path, ratios: dict[str, float], timing: str | None = None) -> Path:
+    """A pytest-benchmark JSON file with one gated triton row per configuration, timed under
+    ``timing`` (none recorded if None)."""
     benchmarks = [
         {"extra_info": {"device": "cuda", "kernel": "triton", "config": config,
-                        "ratios": {"sdpa-flash": ratio}}}
+                        "ratios": {"sdpa-flash": ratio}, **({"timing": timing} if timing else {})}}
         for config, ratio in ratios.items()
     ]
     path.write_text(json.dumps({"benchmarks": benchmarks}))
@@ -49,3 +51,22 @@ def test_update_keeps_rows_the_run_lacks_and_replace_drops_them(tmp_path):
     assert bench_gate.main(["--replace", str(base), str(partial)]) == 0
     assert _entries(base) == {"y": 3.0, "z": 4.0}
     assert json.loads(base.read_text())["runs"] == ["b.json"]
+
+
+def test_rows_timed_under_another_protocol_are_not_compared(tmp_path, capsys):
+    base = tmp_path / "base.json"
+    assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "a.json", {"x": 1.0}))]) == 0
+    assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "b.json", {"y": 1.0}, "spin"))]) == 0
+    assert json.loads(base.read_text())["timing"] == {"triton": {"y": "spin"}}  # x: none recorded
+    capsys.readouterr()
+    # x halves under the new protocol: not a regression, a row to re-record; y is compared
+    assert bench_gate.main([str(base), str(_run(tmp_path / "c.json", {"x": 0.5, "y": 1.0}, "spin"))]) == 0
+    out = capsys.readouterr().out
+    assert "other timing: re-record" in out and "none recorded -> spin" in out and "1 ok" in out
+    # ... and fails when it is timed as its baseline row was
+    assert bench_gate.main([str(base), str(_run(tmp_path / "d.json", {"x": 0.5}))]) == 1
+    # a run with nothing timed under the baseline's protocols checks nothing: exit 2
+    assert bench_gate.main([str(base), str(_run(tmp_path / "e.json", {"x": 1.0, "y": 1.0}, "v3"))]) == 2
+    # re-recording takes the run's protocol
+    assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "f.json", {"x": 0.5}, "spin"))]) == 0
+    assert json.loads(base.read_text())["timing"] == {"triton": {"x": "spin", "y": "spin"}}
