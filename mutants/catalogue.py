@@ -432,6 +432,51 @@ MUTANTS: tuple[Mutant, ...] = (
         "kernels fixed to accumulate in fp32), Dao-AILab/flash-attention#543 (FP16 accumulation "
         "trade-off), thu-ml/SageAttention#93 (pv_accum fp16).",
     ),
+    Mutant(
+        "triton_no_rescale",
+        TRITON,
+        "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n",
+        "        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION,\n",
+        "online-softmax rescale omitted",
+        "The forward's accumulator is not rescaled by exp2(m_old - m_new) when a later key tile "
+        "raises the row max (the running sum l still is): exact whenever the first tile holds "
+        "the max, wrong otherwise. The correction of FlashAttention-2's Algorithm 1, whose paper "
+        "prints this factor inverted (Dao-AILab/flash-attention#991), so kernels written from it "
+        "get it wrong or drop it.",
+    ),
+    Mutant(
+        "triton_gqa_head_modulo",
+        TRITON,
+        "        off_hkv = off_h // GROUP\n"
+        "        q_base, k_base, v_base = Q, K, V\n"
+        "    else:\n"
+        "        off_b = (off_bh // H_Q).to(tl.int64)\n"
+        "        off_h = (off_bh % H_Q).to(tl.int64)\n"
+        "        off_hkv = off_h // GROUP\n",
+        "        off_hkv = off_h % (H_Q // GROUP)\n"
+        "        q_base, k_base, v_base = Q, K, V\n"
+        "    else:\n"
+        "        off_b = (off_bh // H_Q).to(tl.int64)\n"
+        "        off_h = (off_bh % H_Q).to(tl.int64)\n"
+        "        off_hkv = off_h % (H_Q // GROUP)\n",
+        "GQA head mapped wrong",
+        "The forward (TMA and pointer paths) maps query head h to kv head h % Hkv (interleaved "
+        "groups) instead of h // group; the backward keeps the right mapping. "
+        "XunhaoLai/native-sparse-attention-triton#27 (wrong head-count division in a Triton "
+        "kernel's GQA head split).",
+    ),
+    Mutant(
+        "triton_bwd_empty_rows_nan",
+        TRITON,
+        '    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * log2e)\n',
+        "    lse2 = lse * log2e\n",
+        "NaN on fully masked rows (backward)",
+        "The backward's preprocess drops the guard that turns an empty row's lse = -inf into "
+        "+inf, so P = exp2(s - lse) = exp2(-inf + inf) = NaN on rows that see no key (causal, "
+        "Nq > Nk) and the NaN spreads into dQ, dK and dV; the forward stays correct. "
+        "Dao-AILab/flash-attention#443 (NaN in dQ, causal varlen with seqlen_q > seqlen_k), "
+        "#1947 (NaN gradients of the Triton backend's varlen backward).",
+    ),
 )
 
 BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
