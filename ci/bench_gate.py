@@ -10,7 +10,8 @@ calibration workload on a CPU), so the ratio does not move with the machine, onl
     python ci/bench_gate.py --update ci/baselines/cpu.json r1.json r2.json  # write the baseline
 
 ``--update`` replaces the rows the run measured and keeps the baseline's other rows (a run cut
-short by a deadline does not drop what it did not reach); ``--replace`` writes the run alone.
+short by a deadline does not drop what it did not reach; a row of a configuration the run timed
+under another protocol is dropped); ``--replace`` writes the run alone.
 
 Each gated benchmark also names its timing protocol (``extra_info["timing"]``,
 ``benchmarks.timing.PROTOCOLS``) and the baseline keeps it per row: a row timed under another
@@ -207,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.update or args.replace or (args.init_missing and not exists):
         old, old_timing, meta = load_baseline(args.baseline) if exists else ({}, {}, {})
         tolerance = _first(args.tolerance, meta.get("tolerance"), DEFAULT_TOLERANCE[device])
-        kept = {} if args.replace else {k: v for k, v in old.items() if k not in run}
+        # a kept row shares its (kernel, config) protocol entry with the run's rows of that
+        # configuration: one timed differently from them is dropped, not relabelled
+        measured = {k[:2] for k in run}
+        kept = {} if args.replace else {
+            k: v for k, v in old.items()
+            if k not in run and (k[:2] not in measured or old_timing.get(k[:2]) == run_timing.get(k[:2]))
+        }
         runs = [*(meta.get("runs", []) if kept else []), *(p.name for p in args.results)]
         timings = {**{k[:2]: old_timing[k[:2]] for k in kept if k[:2] in old_timing}, **run_timing}
         write_baseline(args.baseline, {**kept, **run}, timings, device, tolerance, runs)

@@ -70,3 +70,9 @@ def test_rows_timed_under_another_protocol_are_not_compared(tmp_path, capsys):
     # re-recording takes the run's protocol
     assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "f.json", {"x": 0.5}, "spin"))]) == 0
     assert json.loads(base.read_text())["timing"] == {"triton": {"x": "spin", "y": "spin"}}
+    # a row of a configuration the run timed anew, under another protocol, is not kept
+    data = json.loads(base.read_text())
+    data["entries"]["triton"]["x"]["sdpa-cudnn"] = 0.7
+    base.write_text(json.dumps(data))
+    assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "g.json", {"x": 0.6}, "v3"))]) == 0
+    assert json.loads(base.read_text())["entries"]["triton"]["x"] == {"sdpa-flash": 0.6}
