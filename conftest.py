@@ -8,6 +8,8 @@ Options:
     --tally-json PATH                         write the per-property tallies as JSON too
                                               (merged by ``python -m properties.report``)
     --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
+    --known-failures PATH                     tests expected to fail, with reasons
+                                              (``properties/known_failures.py``)
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
 
@@ -18,6 +20,7 @@ or that does not declare the device, is skipped with the reason.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -35,6 +38,9 @@ settings.register_profile("dev", _BASE, max_examples=30)
 settings.register_profile("fuzz", _BASE, max_examples=500, phases=list(Phase))
 settings.register_profile("gpu", _BASE, max_examples=100, derandomize=True, database=None)
 settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
+#: The --known-failures entries, and those that matched no collected test.
+_KNOWN = pytest.StashKey[list]()
+_UNMATCHED = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -51,6 +57,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="PROPERTY:Problem(...)",
         help="run only PROPERTY, on only this problem (as a failure report prints it)",
+    )
+    group.addoption(
+        "--known-failures",
+        default=None,
+        metavar="PATH",
+        help="a file of tests expected to fail, one node id and ' # reason' per line: they run "
+        "as strict xfails",
     )
 
 
@@ -81,10 +94,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
         prop, _, text = replay.partition(":")
         properties.check.REPLAY = (prop, Problem.parse(text))
+    known = config.getoption("--known-failures")
+    if known:
+        from properties.known_failures import parse
+
+        try:
+            config.stash[_KNOWN] = parse(Path(known))
+        except (OSError, ValueError) as err:
+            raise pytest.UsageError(f"--known-failures: {err}") from err
     n = config.getoption("--max-examples")
     if n is not None:
         settings.register_profile("flashprop-cli", settings(settings.default, max_examples=n))
         settings.load_profile("flashprop-cli")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _KNOWN in config.stash:
+        from properties.known_failures import mark
+
+        config.stash[_UNMATCHED] = mark(items, config.stash[_KNOWN])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -140,6 +168,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 
     if compile_locks.installed():
         terminalreporter.write_line(f"flashprop: {compile_locks.STATS.line()}")
+    for entry in config.stash.get(_UNMATCHED, []):
+        terminalreporter.write_line(
+            f"flashprop: known failure {entry.node_id} ({entry.where}) matched no collected test"
+        )
     lines = summary_lines()
     if not lines:
         return

@@ -2,13 +2,16 @@
 
 The golden against a dense float64 autograd computation, its chunking, its memory; Problem
 layouts and their NaN poison; the strategies' declared/undeclared split; the tolerance model's
-verdicts on planted errors; the registry's three ways of naming a kernel; and the error
-contract catching a kernel that silently answers undeclared problems wrongly.
+verdicts on planted errors; the registry's three ways of naming a kernel; a known-failures
+file turning a listed failure into an expected one and a listed pass into a failure; and the
+error contract catching a kernel that silently answers undeclared problems wrongly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +28,7 @@ from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
 from kernels.registry import Kernel, load_kernel, observe_outputs
 from kernels.sdpa import sdpa_flash
 from properties.check import PropertyFailure, assert_close_to_golden, references, run_kernel
+from properties.known_failures import KnownFailure, mark, parse
 from properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
 from properties.report import TALLIES
 from properties.strategies import Sizes, problems, undeclared_problems
@@ -307,6 +311,80 @@ def test_registry_loads_names_modules_and_files(tmp_path: Path):
         run_kernel(lying, p, "meta")
     with pytest.raises(ValueError):
         load_kernel("no-such-kernel")
+
+
+# --------------------------------------------------------------------------- known failures
+
+ROOT = Path(__file__).resolve().parent.parent
+FORWARD = "properties/test_golden.py::test_forward_matches_golden"
+KNOWN_KERNELS = '''
+import torch
+from kernels.capabilities import Capabilities
+from refimpl import attention_golden
+
+CAPS = Capabilities(dtypes=frozenset({torch.float32}), backward=False)
+
+
+def right(q, k, v, *, causal=False, scale=None):
+    o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
+    return o.to(q.dtype), lse.float()
+
+
+def wrong(q, k, v, *, causal=False, scale=None):
+    o, lse = right(q, k, v, causal=causal, scale=scale)
+    return o + 1, lse
+
+
+right.capabilities = wrong.capabilities = CAPS
+'''
+
+
+class _FakeItem:
+    def __init__(self, nodeid: str):
+        self.nodeid, self.markers = nodeid, []
+
+    def add_marker(self, marker) -> None:
+        self.markers.append(marker)
+
+
+def test_known_failures_file_parses_and_marks(tmp_path: Path):
+    """Entries need a reason; an id without parameters covers every kernel; covered items get a
+    strict xfail naming the entry; entries that cover nothing are returned."""
+    known = tmp_path / "known.txt"
+    known.write_text(f"# comment\n\n{FORWARD}  # o off by one\n{FORWARD}[k]x  # typo\n")
+    entries = parse(known)
+    assert entries == [KnownFailure(FORWARD, "o off by one", f"{known}:3"),
+                       KnownFailure(f"{FORWARD}[k]x", "typo", f"{known}:4")]
+    items = [_FakeItem(f"{FORWARD}[k]"), _FakeItem(f"{FORWARD}_too[k]"), _FakeItem(FORWARD)]
+    assert mark(items, entries) == [entries[1]]
+    (xfail,), none, (bare,) = (item.markers for item in items)
+    assert not none and xfail.name == bare.name == "xfail" and xfail.kwargs["strict"]
+    assert "o off by one" in xfail.kwargs["reason"] and f"{known}:3" in xfail.kwargs["reason"]
+    known.write_text(f"{FORWARD}\n")
+    with pytest.raises(ValueError, match="reason"):
+        parse(known)
+
+
+def test_known_failures_option_end_to_end(tmp_path: Path):
+    """Through pytest itself: a listed failing test is an expected failure (exit 0), a listed
+    passing test fails the run (XPASS(strict), exit 1)."""
+    (tmp_path / "known_kernels.py").write_text(KNOWN_KERNELS)
+    known = tmp_path / "known.txt"
+    known.write_text(f"{FORWARD}  # o off by one (planted)\n")
+
+    def run(kernel: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", FORWARD, "-p", "no:cacheprovider", "-q", "-rxX",
+             "--hypothesis-profile", "ci", "--max-examples", "3", "--device", "cpu",
+             "--kernel", f"{tmp_path / 'known_kernels.py'}:{kernel}", "--known-failures", str(known)],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )
+
+    wrong = run("wrong")
+    assert wrong.returncode == 0 and "1 xfailed" in wrong.stdout, wrong.stdout
+    assert "o off by one" in wrong.stdout
+    right = run("right")
+    assert right.returncode == 1 and "XPASS(strict)" in right.stdout, right.stdout
 
 
 # --------------------------------------------------------------------------- error contract
