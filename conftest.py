@@ -94,6 +94,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
         prop, _, text = replay.partition(":")
         properties.check.REPLAY = (prop, Problem.parse(text))
+    if config.getoption("--tally-json"):
+        from properties.report import autosave
+
+        autosave(config.getoption("--tally-json"))
     known = config.getoption("--known-failures")
     if known:
         from properties.known_failures import parse

@@ -133,8 +133,9 @@ def test_state_keeps_the_tally_of_a_cut_off_process(tmp_path: Path):
                             FLASHPROP_GPU_FUZZ_KERNELS="sdpa-math",
                             FLASHPROP_GPU_FUZZ_EXAMPLES="100000", FLASHPROP_GPU_FUZZ_SPLIT="1",
                             FLASHPROP_PROPERTY_TIMEOUT="30", FLASHPROP_GPU_STATE=str(state))
+    log = (tmp_path / "out" / "fuzz.log").read_text() if (tmp_path / "out" / "fuzz.log").exists() else ""
     assert run.returncode == 1, run.stdout + run.stderr + report
-    assert "fuzz.sdpa-math.test_golden.1: exit 124" in report
+    assert "fuzz.sdpa-math.test_golden.1: exit 124" in report, f"{report}\n--- fuzz.log:\n{log}"
     (partial,) = state.glob("*/fuzz.sdpa-math.test_golden.1.partial.json")
     run_so_far = sum(r["passed"] for r in json.loads(partial.read_text()) if r["property"] == "forward")
     assert run_so_far > 0

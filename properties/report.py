@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
@@ -30,6 +32,16 @@ class Tally:
 
 #: (kernel, property) -> Tally, filled by properties.check during the session.
 TALLIES: dict[tuple[str, str], Tally] = defaultdict(Tally)
+#: While examples are recorded, the tallies are also saved every this many seconds (see
+#: :func:`autosave`): a process killed before its summary keeps all but its last seconds.
+AUTOSAVE_SECONDS = 10.0
+_autosave = {"path": None, "at": 0.0}
+
+
+def autosave(path: str) -> None:
+    """Save the tallies to ``path`` now and then while the session runs, as :func:`dump` does at
+    its end (``--tally-json``): a process killed by a time limit or a crash leaves its tally."""
+    _autosave["path"] = path
 
 
 def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | None = None) -> None:
@@ -38,6 +50,10 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | 
     tally.seconds += seconds
     if failure is not None:
         tally.last_failure = failure
+    now = time.monotonic()
+    if _autosave["path"] and (failure is not None or now - _autosave["at"] >= AUTOSAVE_SECONDS):
+        _autosave["at"] = now
+        dump(_autosave["path"])
 
 
 def summary_lines() -> list[str]:
@@ -54,10 +70,12 @@ def summary_lines() -> list[str]:
 
 
 def dump(path: str) -> None:
-    """Write the tallies as JSON (one pytest process's share of a parallel run)."""
+    """Write the tallies as JSON (one pytest process's share of a parallel run); the file is
+    replaced whole, so a reader never sees half of it."""
     rows = [{"kernel": k, "property": p, **asdict(t)} for (k, p), t in sorted(TALLIES.items())]
-    with open(path, "w") as f:
+    with open(f"{path}.tmp", "w") as f:
         json.dump(rows, f, indent=1)
+    os.replace(f"{path}.tmp", path)
 
 
 def merge(paths: list[str]) -> None:

@@ -446,6 +446,7 @@ def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.Monk
     import properties.report as report
 
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
     report.record("k", "forward", "passed", 1.0)
     report.record("k", "forward", "failed", 0.5, "the failure")
     report.dump(str(tmp_path / "a.json"))
@@ -461,6 +462,32 @@ def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.Monk
     assert (forward.passed, forward.refused, forward.failed) == (1, 1, 1)
     assert forward.seconds == 1.75 and forward.last_failure == "the failure"
     assert report.TALLIES[("k", "backward")].run == 1
+
+
+def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """With --tally-json the tallies are also saved during the run: at the first example, at
+    each failure, else every AUTOSAVE_SECONDS, each time whole. A process killed before its
+    summary (a time limit, a crash) leaves them."""
+    import json
+
+    import properties.report as report
+
+    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
+    path = tmp_path / "tally.json"
+    report.autosave(str(path))
+
+    def saved() -> tuple[int, int]:
+        (row,) = json.loads(path.read_text())
+        return row["passed"], row["failed"]
+
+    report.record("k", "forward", "passed", 1.0)
+    assert saved() == (1, 0)
+    report.record("k", "forward", "passed", 1.0)
+    assert saved() == (1, 0)  # within AUTOSAVE_SECONDS of the last save
+    report.record("k", "forward", "failed", 1.0, "the failure")
+    assert saved() == (2, 1)
+    assert [p.name for p in tmp_path.iterdir()] == ["tally.json"]
 
 
 def _lock_taken(path: Path) -> bool:
