@@ -5,8 +5,9 @@ Options:
     --device cpu|cuda                         where tensors live (default: cuda if available)
     --max-examples N                          override the profile's examples per property
     --max-n N                                 largest sequence length drawn
-    --tally-json PATH                         write the per-property tallies as JSON too
-                                              (merged by ``python -m properties.report``)
+    --tally-json PATH                         write the per-property tallies as JSON too, also
+                                              during the run (merged by ``python -m
+                                              properties.report``)
     --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
     --known-failures PATH                     tests expected to fail, with reasons
                                               (``properties/known_failures.py``)
