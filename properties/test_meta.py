@@ -317,26 +317,6 @@ def test_registry_loads_names_modules_and_files(tmp_path: Path):
 
 ROOT = Path(__file__).resolve().parent.parent
 FORWARD = "properties/test_golden.py::test_forward_matches_golden"
-KNOWN_KERNELS = '''
-import torch
-from kernels.capabilities import Capabilities
-from refimpl import attention_golden
-
-CAPS = Capabilities(dtypes=frozenset({torch.float32}), backward=False)
-
-
-def right(q, k, v, *, causal=False, scale=None):
-    o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
-    return o.to(q.dtype), lse.float()
-
-
-def wrong(q, k, v, *, causal=False, scale=None):
-    o, lse = right(q, k, v, causal=causal, scale=scale)
-    return o + 1, lse
-
-
-right.capabilities = wrong.capabilities = CAPS
-'''
 
 
 class _FakeItem:
@@ -367,8 +347,9 @@ def test_known_failures_file_parses_and_marks(tmp_path: Path):
 
 def test_known_failures_option_end_to_end(tmp_path: Path):
     """Through pytest itself: a listed failing test is an expected failure (exit 0), a listed
-    passing test fails the run (XPASS(strict), exit 1)."""
-    (tmp_path / "known_kernels.py").write_text(KNOWN_KERNELS)
+    passing test fails the run (XPASS(strict), exit 1). The kernels: USER_KERNEL's right and
+    wrong o."""
+    (tmp_path / "user_kernel.py").write_text(textwrap.dedent(USER_KERNEL))
     known = tmp_path / "known.txt"
     known.write_text(f"{FORWARD}  # o off by one (planted)\n")
 
@@ -376,14 +357,14 @@ def test_known_failures_option_end_to_end(tmp_path: Path):
         return subprocess.run(
             [sys.executable, "-m", "pytest", FORWARD, "-p", "no:cacheprovider", "-q", "-rxX",
              "--hypothesis-profile", "ci", "--max-examples", "3", "--device", "cpu",
-             "--kernel", f"{tmp_path / 'known_kernels.py'}:{kernel}", "--known-failures", str(known)],
+             "--kernel", f"{tmp_path / 'user_kernel.py'}:{kernel}", "--known-failures", str(known)],
             cwd=ROOT, capture_output=True, text=True, timeout=300,
         )
 
-    wrong = run("wrong")
+    wrong = run("wrong_o")
     assert wrong.returncode == 0 and "1 xfailed" in wrong.stdout, wrong.stdout
     assert "o off by one" in wrong.stdout
-    right = run("right")
+    right = run("only_o")
     assert right.returncode == 1 and "XPASS(strict)" in right.stdout, right.stdout
 
 
