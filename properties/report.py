@@ -50,8 +50,10 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | 
     tally.seconds += seconds
     if failure is not None:
         tally.last_failure = failure
+    # saved at a property's first failure (not at each of its shrinking steps), else now and then
+    first_failure = outcome == "failed" and tally.failed == 1
     now = time.monotonic()
-    if _autosave["path"] and (failure is not None or now - _autosave["at"] >= AUTOSAVE_SECONDS):
+    if _autosave["path"] and (first_failure or now - _autosave["at"] >= AUTOSAVE_SECONDS):
         _autosave["at"] = now
         dump(_autosave["path"])
 

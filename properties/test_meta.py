@@ -446,8 +446,8 @@ def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.Monk
 
 
 def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """With --tally-json the tallies are also saved during the run: at the first example, at
-    each failure, else every AUTOSAVE_SECONDS, each time whole. A process killed before its
+    """With --tally-json the tallies are also saved during the run: at the first example, at a
+    property's first failure, else every AUTOSAVE_SECONDS, each time whole. A process killed before its
     summary (a time limit, a crash) leaves them."""
     import json
 
@@ -468,6 +468,8 @@ def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: p
     assert saved() == (1, 0)  # within AUTOSAVE_SECONDS of the last save
     report.record("k", "forward", "failed", 1.0, "the failure")
     assert saved() == (2, 1)
+    report.record("k", "forward", "failed", 1.0, "a shrinking step")
+    assert saved() == (2, 1)  # not at each failure
     assert [p.name for p in tmp_path.iterdir()] == ["tally.json"]
 
 
