@@ -1,6 +1,6 @@
 """The kernel contract (capabilities, registry, loader) and the kernels under test."""
 
-from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
+from kernels.capabilities import FULL_SUPPORT, Capabilities, KVCache, Limit
 from kernels.registry import (
     BUILTIN,
     Kernel,
@@ -15,6 +15,7 @@ __all__ = [
     "FULL_SUPPORT",
     "Capabilities",
     "Kernel",
+    "KVCache",
     "KernelUnavailable",
     "Limit",
     "default_kernel",

@@ -8,6 +8,11 @@ bottom-right alignment, Nq != Nk, GQA/MQA, lse, backward, determinism, any strid
 The suite draws only problems a kernel declares (:meth:`Capabilities.unsupported_reason` is
 ``None``) and separately checks that undeclared problems are refused with ``ValueError``,
 ``TypeError`` or ``NotImplementedError`` ("clear error or correct answer").
+
+Variants (``docs/variants.md``: sliding window, softcap, ALiBi, sinks, varlen, KV-cache decode)
+are opt-in: full support means the dense contract only, and a kernel declares each variant it
+takes. The varlen and KV-cache entry points are the kernel's attributes ``fn.varlen`` and
+``fn.kvcache`` (FlashAttention's ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,28 @@ CausalAlignment = Literal["bottom-right", "top-left"]
 ALL_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 #: Head dims a full-support kernel claims.
 ALL_HEAD_DIMS: range = range(1, 257)
+#: The variants with a backward: the score and mask modifiers, and varlen (decode is forward only).
+BACKWARD_VARIANTS: frozenset[str] = frozenset({"window", "softcap", "alibi", "sinks", "varlen"})
+#: Shapes of ALiBi slopes: one per query head ``(Hq,)``, or per batch element and head ``(B, Hq)``.
+ALIBI_SHAPES: frozenset[str] = frozenset({"head", "batch-head"})
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """What a kernel's KV-cache decode entry point (``fn.kvcache``) accepts.
+
+    Attributes:
+        contiguous: a contiguous cache ``(B, Ncache, Hkv, D)``.
+        page_sizes: page sizes of a paged cache ``(num_pages, page_size, Hkv, D)`` with a
+            ``block_table``; empty: no paged cache.
+        max_splits: the largest ``num_splits`` (split-KV) it takes; 1: no split-KV.
+        max_queries: the largest number of queries per sequence (Nq) it decodes at once.
+    """
+
+    contiguous: bool = True
+    page_sizes: tuple[int, ...] = ()
+    max_splits: int = 1
+    max_queries: int = 64
 
 
 @dataclass(frozen=True)
@@ -67,6 +94,15 @@ class Capabilities:
         fp32_matmul: how float32 products are done: ``"ieee"`` or ``"tf32"``. A tf32 kernel is
             judged against a tf32 yardstick (inputs rounded to tf32).
         limits: known limits, each with its reason.
+        window: takes ``window_size=(left, right)`` (sliding window).
+        softcap: takes ``softcap`` (logit soft-capping).
+        alibi: the ALiBi slope shapes it takes as ``alibi_slopes`` (:data:`ALIBI_SHAPES`).
+        sinks: takes ``sinks`` (one learnable sink logit per query head).
+        varlen: has the varlen entry point ``fn.varlen`` (packed sequences, ``cu_seqlens``).
+        kvcache: what its KV-cache decode entry point ``fn.kvcache`` takes; ``None``: none.
+        variant_backward: the variants (of :data:`BACKWARD_VARIANTS`) whose gradients it
+            supports, when it declares ``backward``.
+        seqlen_multiple: Nq and Nk (and every varlen sequence's lengths) must be multiples of this.
     """
 
     dtypes: frozenset[torch.dtype] = ALL_DTYPES
@@ -89,6 +125,14 @@ class Capabilities:
     max_seqlen: int | None = None
     fp32_matmul: Literal["ieee", "tf32"] = "ieee"
     limits: tuple[Limit, ...] = field(default_factory=tuple)
+    window: bool = False
+    softcap: bool = False
+    alibi: frozenset[str] = frozenset()
+    sinks: bool = False
+    varlen: bool = False
+    kvcache: KVCache | None = None
+    variant_backward: frozenset[str] = BACKWARD_VARIANTS
+    seqlen_multiple: int = 1
 
     @property
     def dv_dims(self) -> Collection[int]:
@@ -122,11 +166,68 @@ class Capabilities:
             return f"block_m={p.block_m} not declared"
         if p.block_n is not None and p.block_n not in self.block_n:
             return f"block_n={p.block_n} not declared"
+        reason = self._variant_reason(p)
+        if reason is not None:
+            return reason
         if include_limits:
             for limit in self.limits:
                 if limit.applies(p):
                     return f"known limit: {limit.reason}"
         return None
+
+    def _variant_reason(self, p: Problem) -> str | None:
+        """Why the kernel does not declare ``p``'s variants (``None`` when it does)."""
+        m = self.seqlen_multiple
+        lengths = [n for pair in p.seqlens for n in pair] if p.seqlens is not None else [p.nq, p.nk]
+        if p.cache is None and m > 1 and any(n % m for n in lengths):
+            return f"sequence lengths {sorted(set(lengths))} not all multiples of {m} (seqlen_multiple)"
+        if p.window is not None and not self.window:
+            return "window_size not declared"
+        if p.softcap and not self.softcap:
+            return "softcap not declared"
+        if p.alibi is not None and p.alibi[0] not in self.alibi:
+            return f"alibi_slopes of shape {p.alibi[0]!r} not declared"
+        if p.sinks is not None and not self.sinks:
+            return "sinks not declared"
+        if p.seqlens is not None and not self.varlen:
+            return "varlen (cu_seqlens) not declared"
+        if p.cache is not None:
+            kv = self.kvcache
+            if kv is None:
+                return "KV-cache decode not declared"
+            if p.page_size is None and not kv.contiguous:
+                return "contiguous KV cache not declared"
+            if p.page_size is not None and p.page_size not in kv.page_sizes:
+                return f"page_size={p.page_size} not declared"
+            if p.num_splits is not None and p.num_splits > kv.max_splits:
+                return f"num_splits={p.num_splits} > max_splits {kv.max_splits}"
+            if p.nq > kv.max_queries:
+                return f"Nq={p.nq} queries > max_queries {kv.max_queries}"
+        return None
+
+    def backward_reason(self, p: Problem) -> str | None:
+        """Why the kernel does not declare gradients for ``p`` (``None`` when it does)."""
+        if not self.backward:
+            return "backward not declared"
+        if p.cache is not None:
+            return "KV-cache decode is forward only"
+        missing = sorted(set(p.variants) - self.variant_backward)
+        return f"backward of {', '.join(missing)} not declared" if missing else None
+
+    def declares_variant(self, name: str) -> bool:
+        """Whether the kernel declares variant ``name`` (``window``, ``softcap``, ``alibi``,
+        ``sinks``, ``varlen``, ``kvcache``, ``paged``, ``splits``)."""
+        kv = self.kvcache
+        return {
+            "window": self.window,
+            "softcap": self.softcap,
+            "alibi": bool(self.alibi),
+            "sinks": self.sinks,
+            "varlen": self.varlen,
+            "kvcache": kv is not None,
+            "paged": kv is not None and bool(kv.page_sizes),
+            "splits": kv is not None and kv.max_splits > 1,
+        }[name]
 
     def must_raise(self, p: Problem) -> bool:
         """Whether the error contract demands a clear error for ``p`` (undeclared, not a

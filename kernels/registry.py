@@ -48,16 +48,32 @@ class Kernel:
     #: Whether ``fn`` carried its own ``capabilities`` (False: full support is assumed).
     declared: bool = True
 
-    def __call__(self, q, k, v, *, causal=False, scale=None, block_m=None, block_n=None):
-        """Call the kernel; returns ``(o, lse)`` with ``lse=None`` when it returns only ``o``."""
-        kwargs = {}
-        if block_m is not None:
-            kwargs["block_m"] = block_m
-        if block_n is not None:
-            kwargs["block_n"] = block_n
-        if scale is not None:
-            kwargs["scale"] = scale
-        out = self.fn(q, k, v, causal=causal, **kwargs)
+    def __call__(self, q, k, v, *, causal=False, scale=None, block_m=None, block_n=None, **variants):
+        """Call the dense entry point; returns ``(o, lse)`` with ``lse=None`` when it returns only
+        ``o``. ``variants`` (``window_size``, ``softcap``, ``alibi_slopes``, ``sinks``) are passed
+        as given: callers pass only those in use."""
+        return self.call("dense", (q, k, v), variants, causal=causal, scale=scale, block_m=block_m,
+                         block_n=block_n)
+
+    def entry(self, mode: str) -> Callable:
+        """The entry point of ``mode``: ``dense`` (the kernel itself), ``varlen`` (``fn.varlen``)
+        or ``kvcache`` (``fn.kvcache``). A missing one raises ``NotImplementedError``."""
+        if mode == "dense":
+            return self.fn
+        fn = getattr(self.fn, mode, None)
+        if not callable(fn):
+            raise NotImplementedError(f"kernel {self.name} has no {mode} entry point (fn.{mode})")
+        return fn
+
+    def call(self, mode: str, args: tuple, kwargs: dict, *, causal=False, scale=None, block_m=None,
+             block_n=None) -> tuple:
+        """Call the ``mode`` entry point with positional ``args`` and keywords ``kwargs``; returns
+        ``(o, lse)``, ``lse=None`` when the kernel returns only ``o``."""
+        kw = dict(kwargs)
+        for name, val in (("block_m", block_m), ("block_n", block_n), ("scale", scale)):
+            if val is not None:
+                kw[name] = val
+        out = self.entry(mode)(*args, causal=causal, **kw)
         if isinstance(out, tuple | list):
             if len(out) != 2:
                 raise TypeError(f"kernel {self.name} returned {len(out)} values; expected o or (o, lse)")
@@ -97,6 +113,9 @@ def load_kernel(spec: str) -> Kernel:
     caps = getattr(fn, "capabilities", FULL_SUPPORT)
     if not isinstance(caps, Capabilities):
         raise TypeError(f"kernel {spec}: .capabilities must be a kernels.Capabilities, got {type(caps)}")
+    for mode, declared in (("varlen", caps.varlen), ("kvcache", caps.kvcache is not None)):
+        if declared and not callable(getattr(fn, mode, None)):
+            raise TypeError(f"kernel {spec} declares {mode} but has no entry point fn.{mode}")
     return Kernel(name=spec, fn=fn, capabilities=caps, declared=hasattr(fn, "capabilities"))
 
 

@@ -17,6 +17,26 @@ Value distributions for q and k (v and dO are always standard normal):
     rank1        q and k rows are multiples of one direction: sharp, nearly one-hot softmax
     ties         all keys equal: uniform softmax, ties in the running max
     spikes       N(0, 1) plus a few entries of magnitude 30
+
+Variants (``docs/variants.md``), each off by default (a dense problem):
+    window       ``window_size=(left, right)``
+    softcap      ``softcap`` (0: off)
+    alibi        ``(shape, max_slope)``: slopes ``max_slope * U(1/4, 1)`` of shape (Hq,) or (B, Hq)
+    sinks        the sink logits' distribution: ``negative`` (about -20: no effect), ``positive``
+                 (about +3: they dominate small rows), ``mixed`` (N(0, 16))
+    seqlens      varlen: ``((nq_0, nk_0), ...)``, one pair per sequence; ``b`` is their number,
+                 ``nq``/``nk`` the largest. Tensors are packed token-major (T, H, D)
+    cache        KV-cache decode: ``cache_seqlens`` per batch element; ``nk`` is the capacity;
+                 q is (B, Nq, Hq, D), the cache (B, Nk, Hkv, D) or, with ``page_size``, paged
+                 (num_pages, page_size, Hkv, D) behind a shuffled ``block_table`` whose unused
+                 pages are NaN; cache entries past a sequence's length are NaN
+    num_splits   split-KV for decode (``None``: the keyword is not passed)
+
+The values of q, k, v and dO do not depend on the variant fields (a decode problem draws the
+values of the dense problem with the same B, Nq, Nk and lays them out differently; varlen draws
+those of one sequence of length Tq, Tk and cuts it). :meth:`Problem.kernel_inputs` gives the
+arguments of the problem's entry point, :meth:`Problem.logical` the dense (B, H, N, D) tensors
+behind them.
 """
 
 from __future__ import annotations
@@ -24,6 +44,7 @@ from __future__ import annotations
 import ast
 import math
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 
@@ -37,6 +58,24 @@ DTYPE_NAMES = {
 }
 DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 _POISON_PAD = 64
+#: Variant fields whose default is not None (omitted from descriptions when off).
+_VARIANT_FIELDS = {"softcap": 0.0}
+#: Sink logits per distribution: ``centre + spread * N(0, 1)``.
+SINKS = {"negative": (-20.0, 1.0), "positive": (3.0, 2.0), "mixed": (0.0, 4.0)}
+
+
+@dataclass
+class KernelInputs:
+    """The arguments of one call of a problem's entry point.
+
+    ``args`` are positional (``q, k, v`` for dense; plus ``cu_seqlens_q, cu_seqlens_k,
+    max_seqlen_q, max_seqlen_k`` for varlen; ``q, k_cache, v_cache`` for decode), ``kwargs`` the
+    keywords (variants; ``cache_seqlens``, ``block_table``, ``num_splits`` for decode) and
+    ``grads`` the tensors gradients are taken for (``q``, ``k``, ``v`` and ``sinks`` if any)."""
+
+    args: tuple
+    kwargs: dict[str, Any]
+    grads: dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -57,9 +96,39 @@ class Problem:
     block_m: int | None = None
     block_n: int | None = None
     device: str = "cpu"
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    alibi: tuple[str, float] | None = None
+    sinks: str | None = None
+    seqlens: tuple[tuple[int, int], ...] | None = None
+    cache: tuple[int, ...] | None = None
+    page_size: int | None = None
+    num_splits: int | None = None
 
     def replace(self, **changes) -> Problem:
         return replace(self, **changes)
+
+    @property
+    def mode(self) -> str:
+        """Which entry point the problem calls: ``dense``, ``varlen`` or ``kvcache``."""
+        if self.seqlens is not None:
+            return "varlen"
+        return "kvcache" if self.cache is not None else "dense"
+
+    @property
+    def variants(self) -> tuple[str, ...]:
+        """The variants in use (names as in :meth:`kernels.Capabilities.declares_variant`)."""
+        used = {
+            "window": self.window is not None,
+            "softcap": bool(self.softcap),
+            "alibi": self.alibi is not None,
+            "sinks": self.sinks is not None,
+            "varlen": self.seqlens is not None,
+            "kvcache": self.cache is not None,
+            "paged": self.page_size is not None,
+            "splits": self.num_splits is not None,
+        }
+        return tuple(name for name, on in used.items() if on)
 
     @property
     def effective_scale(self) -> float:
@@ -101,20 +170,21 @@ class Problem:
         return q, k, v, do
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
-        """Put logical tensor ``t`` (B, H, N, D) into memory per ``layout``; same values."""
+        """Put logical tensor ``t`` (B, H, N, D), or a packed (T, H, D), into memory per ``layout``
+        (``transposed`` swaps the storage order of the two dims before the last); same values."""
         t = t.to(self.dtype)
         nan = float("nan")
         if self.layout == "contiguous":
             buf = torch.full((t.numel() + 2 * _POISON_PAD,), nan, dtype=t.dtype)
             view = buf[_POISON_PAD : _POISON_PAD + t.numel()].view(t.shape)
         elif self.layout == "transposed":
-            view = torch.empty(t.shape[0], t.shape[2], t.shape[1], t.shape[3], dtype=t.dtype).transpose(1, 2)
+            view = torch.empty(t.transpose(-3, -2).shape, dtype=t.dtype).transpose(-3, -2)
         elif self.layout == "sliced":
-            b, h, n, d = t.shape
-            buf = torch.full((b + 1, h + 1, n + 2, d + 3), nan, dtype=t.dtype)
-            view = buf[1:, 1:, 1 : n + 1, 2 : d + 2]
+            *outer, n, d = t.shape
+            buf = torch.full((*(x + 1 for x in outer), n + 2, d + 3), nan, dtype=t.dtype)
+            view = buf[(*(slice(1, None) for _ in outer), slice(1, n + 1), slice(2, d + 2))]
         elif self.layout == "strided":
-            buf = torch.full((*t.shape[:3], 2 * t.shape[3]), nan, dtype=t.dtype)
+            buf = torch.full((*t.shape[:-1], 2 * t.shape[-1]), nan, dtype=t.dtype)
             view = buf[..., ::2]
         else:
             raise ValueError(f"unknown layout {self.layout!r}")
@@ -122,20 +192,113 @@ class Problem:
         return _to_device(view, self.device)
 
     def inputs(self, requires_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``q, k, v`` in ``dtype`` and ``layout`` on ``device``."""
-        q, k, v, _ = self._values()
-        out = tuple(self._place(t) for t in (q, k, v))
-        for t in out:
-            t.requires_grad_(requires_grad)
-        return out
+        """``q, k, v`` in ``dtype`` and ``layout`` on ``device`` (a dense problem's; for a variant
+        problem, the first three arguments of :meth:`kernel_inputs`)."""
+        return self.kernel_inputs(requires_grad).args[:3]
+
+    def logical(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The dense (B, H, N, D) values ``q, k, v, dO`` behind the problem, in the generating
+        dtype on the CPU: a varlen problem's are one sequence of Tq queries and Tk keys."""
+        if self.seqlens is None:
+            return self._values()
+        tq, tk = (sum(pair[i] for pair in self.seqlens) for i in (0, 1))
+        return self.replace(b=1, nq=tq, nk=tk)._values()
 
     def grad_output(self) -> torch.Tensor:
-        """The upstream gradient ``dO`` (contiguous)."""
-        return self._values()[3].to(self.dtype).to(self.device)
+        """The upstream gradient ``dO`` (contiguous), in the layout of the entry point's output."""
+        do = self.logical()[3].to(self.dtype)
+        if self.seqlens is not None:
+            do = do[0].transpose(0, 1).contiguous()
+        return do.to(self.device)
+
+    def cu_seqlens(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Varlen ``cu_seqlens_q, cu_seqlens_k`` (int32, B + 1, on the problem's device)."""
+        out = []
+        for i in (0, 1):
+            lengths = torch.tensor([0, *(pair[i] for pair in self.seqlens)], dtype=torch.int64)
+            out.append(lengths.cumsum(0).to(torch.int32).to(self.device))
+        return out[0], out[1]
+
+    def variant_kwargs(self, requires_grad: bool = False) -> dict[str, Any]:
+        """The variant keywords of the call: ``window_size``, ``softcap``, ``alibi_slopes`` and
+        ``sinks`` (float32, float64 for float64 problems), only those in use."""
+        kw: dict[str, Any] = {}
+        if self.window is not None:
+            kw["window_size"] = tuple(self.window)
+        if self.softcap:
+            kw["softcap"] = float(self.softcap)
+        g = torch.Generator().manual_seed(self.seed + 1)
+        if self.alibi is not None:
+            shape, top = self.alibi
+            dims = (self.hq,) if shape == "head" else (self.b, self.hq)
+            kw["alibi_slopes"] = (top * (0.25 + 0.75 * torch.rand(dims, generator=g))).to(self.device)
+        if self.sinks is not None:
+            centre, spread = SINKS[self.sinks]
+            z = centre + spread * torch.randn(self.hq, generator=g, dtype=self.gen_dtype)
+            kw["sinks"] = z.to(self.device).requires_grad_(requires_grad)
+        return kw
+
+    def kernel_inputs(
+        self,
+        requires_grad: bool = False,
+        logical: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> KernelInputs:
+        """The arguments of the problem's entry point (``mode``), from the problem's own values or
+        from ``logical`` dense (B, H, N, D) ``q, k, v`` of the same shapes as :meth:`logical`'s."""
+        q, k, v = logical if logical is not None else self.logical()[:3]
+        kw = self.variant_kwargs(requires_grad)
+        if self.mode == "dense":
+            args: tuple = tuple(self._place(t) for t in (q, k, v))
+        elif self.mode == "varlen":
+            cu_q, cu_k = self.cu_seqlens()
+            longest = [max((pair[i] for pair in self.seqlens), default=0) for i in (0, 1)]
+            args = (*(self._place(t[0].transpose(0, 1)) for t in (q, k, v)), cu_q, cu_k, *longest)
+        else:
+            args = (self._place(q.transpose(1, 2)), *self._cache(k, v, kw))
+        for t in args[:3]:
+            t.requires_grad_(requires_grad)
+        grads = dict(zip("qkv", args[:3], strict=True))
+        if "sinks" in kw:
+            grads["sinks"] = kw["sinks"]
+        return KernelInputs(args, kw, grads)
+
+    def _cache(self, k: torch.Tensor, v: torch.Tensor, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decode cache of logical (B, Hkv, Nk, D) keys and values: NaN past each sequence's
+        length; paged behind a shuffled block table whose spare pages are NaN. Adds the cache
+        keywords to ``kw``."""
+        kc, vc = (t.transpose(1, 2).clone() for t in (k, v))  # (B, Nk, Hkv, D)
+        lengths = list(self.cache)
+        for b, n in enumerate(lengths):
+            kc[b, n:], vc[b, n:] = float("nan"), float("nan")
+        kw["cache_seqlens"] = torch.tensor(lengths, dtype=torch.int32).to(self.device)
+        if self.num_splits is not None:
+            kw["num_splits"] = self.num_splits
+        if self.page_size is None:
+            return self._place(kc), self._place(vc)
+        size, per_seq = self.page_size, self.nk // self.page_size
+        g = torch.Generator().manual_seed(self.seed + 2)
+        spare = self.seed % 3
+        order = torch.randperm(self.b * per_seq + spare, generator=g)
+        table = order[: self.b * per_seq].view(self.b, per_seq)
+        pages = []
+        for t in (kc, vc):
+            paged = torch.full((len(order), size, *t.shape[2:]), float("nan"), dtype=t.dtype)
+            paged[table.reshape(-1)] = t.reshape(self.b * per_seq, size, *t.shape[2:])
+            pages.append(self._place(paged))
+        kw["block_table"] = table.to(torch.int32).to(self.device)
+        return pages[0], pages[1]
 
     # ---------------------------------------------------------------- reporting
+    def _fields(self) -> dict:
+        """The fields worth printing: dense fields unless None, variant fields unless off."""
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if v is not None and not (k in _VARIANT_FIELDS and v == _VARIANT_FIELDS[k])
+        }
+
     def describe(self) -> str:
-        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        fields = self._fields()
         fields["dtype"] = DTYPE_NAMES[self.dtype]
         return "Problem(" + ", ".join(f"{k}={v!r}" for k, v in fields.items()) + ")"
 
@@ -157,7 +320,7 @@ class Problem:
         return cls(**fields)
 
     def constructor(self) -> str:
-        fields = {k: v for k, v in asdict(self).items() if v is not None}
+        fields = self._fields()
         parts = [f"{k}={v!r}" for k, v in fields.items() if k != "dtype"]
         parts.append(f"dtype=torch.{DTYPE_NAMES[self.dtype]}")
         return "Problem(" + ", ".join(parts) + ")"

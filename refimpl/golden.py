@@ -12,6 +12,15 @@ backward streams over key chunks with the saved lse, so memory is O(N * chunk), 
 
 dK and dV of a kv head are summed over the query heads of its group.
 
+Variants (``docs/variants.md``) enter as FlexAttention-style mods (:mod:`refimpl.masks`): a
+score mod (softcap, ALiBi) rewrites each chunk's scaled logits ``s = f(scale * q k^T)`` before
+the mask mod (causal, sliding window) masks them; the backward chains ``dS`` through ``f``
+(``dS_raw = dS * f'``, by float64 autograd on the chunk). A sink logit ``z_h`` starts every row's
+online-softmax state at ``(m, l, acc) = (z_h, 1, 0)``: a key with no value. Then
+``lse = logaddexp(lse_keys, z_h)``, a row with no visible key has ``o = 0``, ``lse = z_h``, and
+
+    dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi.
+
 With ``bounds=True`` the backward also returns the same sums taken over absolute values
 (``|dO|``, ``|V|``, ``|Q|``, ``|K|``, ``|P (dP - Delta)| <= P (|dO||V|^T + |dO|.|O|)``): the
 magnitude that rounding errors scale with, even where the gradient itself cancels to ~0.
@@ -23,7 +32,7 @@ import math
 
 import torch
 
-from refimpl.masks import visible_mask
+from refimpl.masks import mask_mod, score_mod
 from refimpl.online_softmax import NEG_INF, SoftmaxState
 
 DEFAULT_CHUNK = 1024
@@ -44,13 +53,29 @@ def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int
     return hq, hq // hkv
 
 
-def _expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
+def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
     return t if group == 1 else t.repeat_interleave(group, dim=1)
 
 
 def default_scale(d: int, scale: float | None) -> float:
     """The softmax scale: ``1/sqrt(D)`` unless given."""
     return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def _variant_mods(nq, nk, causal, alignment, window_size, softcap, alibi_slopes):
+    return (
+        mask_mod(nq, nk, causal=causal, alignment=alignment, window=window_size),
+        score_mod(nq, nk, alignment=alignment, softcap=softcap, alibi_slopes=alibi_slopes),
+    )
+
+
+def _initial_state(q: torch.Tensor, dv: int, sinks: torch.Tensor | None) -> SoftmaxState:
+    """The state before any key: the identity, or the sink logit as a key with no value."""
+    state = SoftmaxState.identity(q.shape[:3], dv, dtype=torch.float64, device=q.device)
+    if sinks is None:
+        return state
+    z = sinks.to(device=q.device, dtype=torch.float64)[None, :, None].expand(q.shape[:3])
+    return SoftmaxState(m=z.clone(), l=torch.ones_like(state.l), acc=state.acc)
 
 
 @torch.no_grad()
@@ -63,31 +88,57 @@ def attention_golden(
     scale: float | None = None,
     alignment: str = "bottom-right",
     chunk: int = DEFAULT_CHUNK,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks."""
     _, group = check_shapes(q, k, v)
     scale = default_scale(q.shape[-1], scale)
-    state = SoftmaxState.identity(q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
-    for _, vc, s in _key_chunks(q.to(torch.float64), k, v, group, scale, causal, alignment, chunk):
+    mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
+    state = _initial_state(q, v.shape[-1], sinks)
+    for _, vc, s, _ in _key_chunks(q.to(torch.float64), k, v, group, scale, mods, chunk):
         state = state.merge(SoftmaxState.from_scores(s, vc))
     return state.finalize()
 
 
-def _key_chunks(q64, k, v, group, scale, causal, alignment, chunk):
-    """Per key chunk: float64 keys and values (expanded to the query heads) and the masked
-    logits ``scale * q k^T`` (-inf where the key is not visible). Memory O(Nq * chunk)."""
-    k64, v64 = _expand_kv(k.to(torch.float64), group), _expand_kv(v.to(torch.float64), group)
-    nq, nk = q64.shape[2], k.shape[2]
+def _key_chunks(q64, k, v, group, scale, mods, chunk, grad=False):
+    """Per key chunk: float64 keys and values (expanded to the query heads), the modified and
+    masked logits (-inf where the key is not visible) and, with ``grad``, the map
+    ``dS -> dS_raw`` through the score mod (identity without one). Memory O(Nq * chunk)."""
+    mask_fn, score_fn = mods
+    k64, v64 = expand_kv(k.to(torch.float64), group), expand_kv(v.to(torch.float64), group)
+    nk = k.shape[2]
+    dev = q64.device
+    b_idx = torch.arange(q64.shape[0], device=dev)[:, None, None, None]
+    h_idx = torch.arange(q64.shape[1], device=dev)[None, :, None, None]
+    q_idx = torch.arange(q64.shape[2], device=dev)[None, None, :, None]
     for start in range(0, nk, chunk):
         stop = min(start + chunk, nk)
         kc, vc = k64[:, :, start:stop], v64[:, :, start:stop]
+        kv_idx = torch.arange(start, stop, device=dev)[None, None, None, :]
         s = scale * (q64 @ kc.transpose(-1, -2))
-        mask = visible_mask(
-            nq, nk, causal=causal, alignment=alignment, k_start=start, k_stop=stop, device=q64.device
-        )
-        if mask is not None:
-            s = s.masked_fill(~mask, NEG_INF)
-        yield kc, vc, s
+        chain = None
+        if score_fn is not None:
+            with torch.enable_grad():
+                raw = s.detach().requires_grad_(grad)
+                s = score_fn(raw, b_idx, h_idx, q_idx, kv_idx)
+            if grad:
+                chain = _chain(s, raw)
+            s = s.detach()
+        if mask_fn is not None:
+            s = s.masked_fill(~mask_fn(b_idx, h_idx, q_idx, kv_idx), NEG_INF)
+        yield kc, vc, s, chain
+
+
+def _chain(s: torch.Tensor, raw: torch.Tensor):
+    """``dS -> dS_raw``: the vector-Jacobian product of the score mod, by autograd."""
+
+    def vjp(ds: torch.Tensor) -> torch.Tensor:
+        return torch.autograd.grad(s, raw, ds, retain_graph=True)[0]
+
+    return vjp
 
 
 @torch.no_grad()
@@ -102,12 +153,19 @@ def attention_golden_backward(
     alignment: str = "bottom-right",
     chunk: int = DEFAULT_CHUNK,
     bounds: bool = False,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Float64 ``(dq, dk, dv)`` for upstream gradient ``do`` of the output ``o``; with
-    ``bounds`` also ``(|dq|, |dk|, |dv|)`` bounds computed from absolute values."""
+    """Float64 gradients ``(dq, dk, dv)``, and ``dsinks`` (Hq,) after them when ``sinks`` is
+    given, for upstream gradient ``do`` of the output ``o``; with ``bounds`` followed by the same
+    number of bounds computed from absolute values."""
     hq, group = check_shapes(q, k, v)
     scale = default_scale(q.shape[-1], scale)
-    o, lse = attention_golden(q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk)
+    variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+    o, lse = attention_golden(q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant)
+    mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
     q64, do64 = q.to(torch.float64), do.to(torch.float64)
     nk = k.shape[2]
     delta = (do64 * o).sum(-1, keepdim=True)
@@ -118,21 +176,38 @@ def attention_golden_backward(
     abs_delta = (abs_do * o.abs()).sum(-1, keepdim=True)
     dq_abs = torch.zeros_like(q64)
     dk_abs_parts, dv_abs_parts = [], []
-    for kc, vc, s in _key_chunks(q64, k, v, group, scale, causal, alignment, chunk):
+    for kc, vc, s, chain in _key_chunks(q64, k, v, group, scale, mods, chunk, grad=True):
         p = torch.exp(s - lse_safe)
         dv_parts.append(p.transpose(-1, -2) @ do64)
         ds = p * (do64 @ vc.transpose(-1, -2) - delta)
+        if chain is not None:
+            ds = chain(ds)
         dq += scale * (ds @ kc)
         dk_parts.append(scale * (ds.transpose(-1, -2) @ q64))
         if bounds:
             dv_abs_parts.append(p.transpose(-1, -2) @ abs_do)
             ds_abs = p * (abs_do @ vc.abs().transpose(-1, -2) + abs_delta)
+            if chain is not None:
+                ds_abs = chain(ds_abs).abs()
             dq_abs += scale * (ds_abs @ kc.abs())
             dk_abs_parts.append(scale * (ds_abs.transpose(-1, -2) @ abs_q))
-    grads = [dq, torch.cat(dk_parts, dim=2), torch.cat(dv_parts, dim=2)]
+    grads = [dq, _cat(dk_parts, k, q64), _cat(dv_parts, v, q64)]
     if bounds:
-        grads += [dq_abs, torch.cat(dk_abs_parts, dim=2), torch.cat(dv_abs_parts, dim=2)]
+        grads += [dq_abs, _cat(dk_abs_parts, k, q64), _cat(dv_abs_parts, v, q64)]
     if group > 1:  # sum dK, dV (and their bounds) over the query heads of each group
         for i in (1, 2, 4, 5) if bounds else (1, 2):
-            grads[i] = grads[i].view(q.shape[0], hq // group, group, nk, -1).sum(2)
+            grads[i] = grads[i].view(q.shape[0], hq // group, group, nk, grads[i].shape[-1]).sum(2)
+    if sinks is not None:
+        p_sink = torch.exp(sinks.to(device=q.device, dtype=torch.float64)[None, :, None] - lse)
+        grads.insert(3, -(p_sink * delta[..., 0]).sum((0, 2)))
+        if bounds:
+            grads.append((p_sink * abs_delta[..., 0]).sum((0, 2)))
     return tuple(grads)
+
+
+def _cat(parts: list[torch.Tensor], like: torch.Tensor, q64: torch.Tensor) -> torch.Tensor:
+    """The key-chunk parts of a dK/dV-shaped gradient (zero-size when Nk = 0)."""
+    if parts:
+        return torch.cat(parts, dim=2)
+    b, _, nk, d = like.shape
+    return q64.new_zeros((b, q64.shape[1], nk, d))
