@@ -20,10 +20,9 @@ from __future__ import annotations
 import torch
 
 from kernels.registry import Kernel
-from properties.check import Outputs, PropertyFailure, failure, reference_for, yardstick_precision
-from properties.problem import Problem
+from properties.check import REFERENCES, Outputs, PropertyFailure, failure, reference_for, yardstick_precision
+from properties.problem import KernelInputs, Problem
 from properties.tolerance import budget
-from refimpl import attention_golden, attention_yardstick
 
 #: Forward tensors the metamorphic properties compare.
 FORWARD = ("o", "lse")
@@ -32,20 +31,32 @@ Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 Index = tuple[slice, ...]
 
 
-def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | None = None,
+def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | KernelInputs | None = None,
                   scale: float | None = None) -> tuple[Outputs, Outputs]:
     """Forward golden and yardstick on ``inputs`` (default: the problem's own, cached).
 
-    ``problem`` supplies causal and the dtype; ``scale`` overrides ``problem.scale``; the causal
-    alignment is the kernel's declared one."""
+    ``inputs`` is a whole :class:`KernelInputs` of the problem's entry point, or a dense
+    problem's ``q, k, v`` (with the problem's variant keywords); ``problem`` supplies the entry
+    point, causal and the dtype; ``scale`` overrides ``problem.scale``; the causal alignment is
+    the kernel's declared one."""
     if inputs is None and scale is None:
         return reference_for(kernel, problem)
-    q, k, v = (t.detach() for t in (inputs if inputs is not None else problem.inputs()))
+    if inputs is None:
+        inputs = problem.kernel_inputs()
+    elif not isinstance(inputs, KernelInputs):
+        inputs = KernelInputs(tuple(inputs), problem.variant_kwargs(), {})
+    golden_fn, _, yard_fn = REFERENCES[problem.mode]
+
+    def plain(x):
+        return x.detach() if isinstance(x, torch.Tensor) else x
+
+    args = tuple(plain(a) for a in inputs.args)
     kw = dict(causal=problem.causal, scale=problem.scale if scale is None else scale,
-              alignment=kernel.capabilities.causal_alignment)
-    golden = Outputs(*attention_golden(q, k, v, **kw))
-    with torch.no_grad(), yardstick_precision(kernel.capabilities.fp32_matmul == "tf32", q):
-        yard = Outputs(*attention_yardstick(q, k, v, **kw))
+              alignment=kernel.capabilities.causal_alignment,
+              **{name: plain(val) for name, val in inputs.kwargs.items()})
+    golden = Outputs(*golden_fn(*args, **kw))
+    with torch.no_grad(), yardstick_precision(kernel.capabilities.fp32_matmul == "tf32", args[0]):
+        yard = Outputs(*yard_fn(*args, **kw))
     return golden, yard
 
 

@@ -21,10 +21,26 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from kernels.registry import Kernel
-from properties.problem import Problem
+from properties.problem import KernelInputs, Problem
 from properties.report import REPLAY_HEADER, record
 from properties.tolerance import Comparison, compare
 from refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from refimpl.layouts import (
+    kvcache_golden,
+    kvcache_yardstick,
+    varlen_golden,
+    varlen_golden_backward,
+    varlen_yardstick,
+)
+
+#: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
+REFERENCES = {
+    "dense": (attention_golden, attention_golden_backward, attention_yardstick),
+    "varlen": (varlen_golden, varlen_golden_backward, varlen_yardstick),
+    "kvcache": (kvcache_golden, None, kvcache_yardstick),
+}
+#: Gradient names, in the order the golden backward returns them.
+GRADIENTS = ("dq", "dk", "dv", "dsinks")
 
 #: The errors that count as a clear refusal under the error contract.
 CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
@@ -90,6 +106,7 @@ class Outputs:
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
+    dsinks: torch.Tensor | None = None
     #: Golden only: absolute-value bounds of the gradients (the floor's magnitude).
     bounds: dict[str, float] | None = None
 
@@ -100,28 +117,40 @@ def run_kernel(
     prop: str,
     *,
     backward: bool = False,
-    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | KernelInputs | None = None,
     scale: float | None = None,
     grad_output: torch.Tensor | None = None,
     declared: bool = True,
 ) -> Outputs:
-    """Call the kernel on the problem's tensors (or on ``inputs``); gradients if ``backward``.
+    """Call the problem's entry point on its tensors (or on ``inputs``: the whole
+    :class:`KernelInputs`, or a dense problem's ``q, k, v`` with the problem's variant keywords);
+    gradients for q, k, v (and sinks) if ``backward``.
 
     A clear error on a ``declared`` problem, any other exception, or a broken CUDA context is a
     :class:`PropertyFailure`. On an undeclared problem (``declared=False``, the error contract)
     a clear error raises :class:`KernelRefused` instead.
     """
-    q, k, v = inputs if inputs is not None else problem.inputs(requires_grad=backward)
+    if inputs is None:
+        inputs = problem.kernel_inputs(requires_grad=backward)
+    elif not isinstance(inputs, KernelInputs):
+        variants = problem.variant_kwargs(requires_grad=backward)
+        grads = dict(zip("qkv", inputs, strict=True))
+        if "sinks" in variants:
+            grads["sinks"] = variants["sinks"]
+        inputs = KernelInputs(tuple(inputs), variants, grads)
     scale = problem.scale if scale is None else scale
     try:
-        o, lse = kernel(
-            q, k, v, causal=problem.causal, scale=scale, block_m=problem.block_m, block_n=problem.block_n
+        o, lse = kernel.call(
+            problem.mode, inputs.args, inputs.kwargs, causal=problem.causal, scale=scale,
+            block_m=problem.block_m, block_n=problem.block_n,
         )
-        grads = (None, None, None)
+        grads: dict[str, torch.Tensor | None] = {}
         if backward:
             do = problem.grad_output() if grad_output is None else grad_output
-            grads = torch.autograd.grad(o, (q, k, v), do, allow_unused=True)
-        if q.is_cuda:
+            wrt = list(inputs.grads.values())
+            found = torch.autograd.grad(o, wrt, do, allow_unused=True)
+            grads = {f"d{name}": g for name, g in zip(inputs.grads, found, strict=True)}
+        if o.is_cuda:
             torch.cuda.synchronize()
     except CLEAR_ERRORS as err:
         text = f"{type(err).__name__}: {err}"
@@ -144,30 +173,41 @@ def run_kernel(
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         raise PropertyFailure(failure(kernel, problem, prop, ["declares returns_lse but returned only o"]))
-    return Outputs(o, lse, *grads)
+    return Outputs(o, lse, **grads)
+
+
+def gradient_names(problem: Problem) -> tuple[str, ...]:
+    """The gradients a backward problem is judged on: dq, dk, dv, and dsinks with sinks."""
+    return GRADIENTS if problem.sinks is not None else GRADIENTS[:3]
 
 
 @functools.lru_cache(maxsize=16)
 def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> tuple[Outputs, Outputs]:
     """Golden (float64) and yardstick (input dtype) outputs for ``problem``, cached."""
-    q, k, v = problem.inputs()
-    kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment)
-    o, lse = attention_golden(q, k, v, **kw)
+    golden_fn, golden_bwd, yard_fn = REFERENCES[problem.mode]
+    inp = problem.kernel_inputs()
+    kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **inp.kwargs)
+    o, lse = golden_fn(*inp.args, **kw)
     golden = Outputs(o, lse)
+    names = gradient_names(problem)
     if backward:
-        golden.dq, golden.dk, golden.dv, *abs_bounds = attention_golden_backward(
-            q, k, v, problem.grad_output(), bounds=True, **kw
-        )
+        q, k, v, *rest = inp.args
+        found = golden_bwd(q, k, v, problem.grad_output(), *rest, bounds=True, **kw)
+        for name, t in zip(names, found[: len(names)], strict=True):
+            setattr(golden, name, t)
         golden.bounds = {
-            n: float(t.max()) if t.numel() else 0.0
-            for n, t in zip(("dq", "dk", "dv"), abs_bounds, strict=True)
+            n: float(t.abs().max()) if t.numel() else 0.0
+            for n, t in zip(names, found[len(names) :], strict=True)
         }
-    qy, ky, vy = (t.detach().requires_grad_(backward) for t in (q, k, v))
-    with yardstick_precision(tf32, q), torch.set_grad_enabled(backward):
-        oy, lsey = attention_yardstick(qy, ky, vy, **kw)
+    yin = problem.kernel_inputs(requires_grad=backward)
+    ykw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **yin.kwargs)
+    with yardstick_precision(tf32, yin.args[0]), torch.set_grad_enabled(backward):
+        oy, lsey = yard_fn(*yin.args, **ykw)
         yard = Outputs(oy.detach(), lsey.detach())
         if backward:
-            yard.dq, yard.dk, yard.dv = torch.autograd.grad(oy, (qy, ky, vy), problem.grad_output())
+            found = torch.autograd.grad(oy, list(yin.grads.values()), problem.grad_output())
+            for name, t in zip(names, found, strict=True):
+                setattr(yard, name, t)
     return golden, yard
 
 
@@ -192,7 +232,7 @@ def reference_for(kernel: Kernel, problem: Problem, backward: bool = False) -> t
 
 def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]) -> list[Comparison]:
     """Compare the named tensors of ``out`` with golden; lse only when the kernel returns it."""
-    golden, yard = reference_for(kernel, problem, backward=any(n.startswith("d") for n in names))
+    golden, yard = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))
     finite_lse = golden.lse[torch.isfinite(golden.lse)]
     logit_size = float(finite_lse.abs().max()) if finite_lse.numel() else 0.0
     results = []
@@ -229,7 +269,7 @@ def assert_close_to_golden(
                 problem,
                 prop,
                 [r.describe() for r in results],
-                backward=any(n.startswith("d") for n in names),
+                backward=any(n in GRADIENTS for n in names),
             )
         )
 

@@ -262,7 +262,9 @@ class Problem:
             grads["sinks"] = kw["sinks"]
         return KernelInputs(args, kw, grads)
 
-    def _cache(self, k: torch.Tensor, v: torch.Tensor, kw: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cache(
+        self, k: torch.Tensor, v: torch.Tensor, kw: dict[str, Any]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode cache of logical (B, Hkv, Nk, D) keys and values: NaN past each sequence's
         length; paged behind a shuffled block table whose spare pages are NaN. Adds the cache
         keywords to ``kw``."""

@@ -55,7 +55,12 @@ def device_sizes(device: str, max_n: int | None = None) -> Sizes:
     return Sizes(max_n=max_n or 48, max_work=400_000)
 
 
-def _seq_lens(max_n: int, min_n: int = 1) -> st.SearchStrategy[int]:
+def _seq_lens(max_n: int, min_n: int = 1, multiple: int = 1) -> st.SearchStrategy[int]:
+    """Sequence lengths in ``min_n..max_n``: 1, small primes, values next to tile multiples and
+    random ones; only multiples of ``multiple`` when the kernel declares a granularity."""
+    if multiple > 1:
+        low = max(1, -(-min_n // multiple))
+        return st.integers(low, max(low, max_n // multiple)).map(lambda i: i * multiple)
     tiles = {16, 32, 64, *range(128, max_n + 2, 128)}
     near_tiles = sorted({n for t in tiles for n in (t - 1, t + 1) if min_n <= n <= max_n})
     special = [n for n in (1, 2, 3, 5, 7, 13, 17) if min_n <= n <= max_n] + near_tiles
@@ -99,10 +104,11 @@ def problems(
     group = draw(st.integers(1, sizes.max_group)) if caps.gqa else 1
     b = draw(st.integers(1, sizes.max_batch))
     max_n = sizes.max_n if caps.max_seqlen is None else min(sizes.max_n, caps.max_seqlen)
-    nq = draw(_seq_lens(max_n, min_n))
+    m = caps.seqlen_multiple
+    nq = draw(_seq_lens(max_n, min_n, m))
     if unequal is None:
         unequal = caps.unequal_lengths and draw(st.booleans())
-    nk = draw(_seq_lens(max_n, min_n).filter(lambda n: n != nq)) if unequal else nq
+    nk = draw(_seq_lens(max_n, min_n, m).filter(lambda n: n != nq)) if unequal else nq
     dims = caps.head_dims if head_dims is None else [d for d in head_dims if d in caps.head_dims]
     dv_dims = caps.dv_dims if head_dims is None else [d for d in head_dims if d in caps.dv_dims]
     d = draw(_dims(dims, sizes.max_head_dim))

@@ -6,8 +6,24 @@ other exception on an undeclared problem is a failure ("clear error or correct a
 
 from __future__ import annotations
 
-from properties.check import KernelRefused, assert_close_to_golden, run_kernel, run_property
+import pytest
+
+from properties.check import (
+    KernelRefused,
+    PropertyFailure,
+    assert_close_to_golden,
+    failure,
+    gradient_names,
+    run_kernel,
+    run_property,
+)
 from properties.strategies import undeclared_problems
+from properties.variant_problems import (
+    MALFORMED,
+    undeclared_variant_problems,
+    variant_axes,
+    variant_problems,
+)
 
 
 def test_undeclared_problem_raises_clear_error_or_is_correct(kernel, device, sizes):
@@ -26,3 +42,56 @@ def test_undeclared_problem_raises_clear_error_or_is_correct(kernel, device, siz
         check,
         weight=0.5,
     )
+
+
+def test_undeclared_variant_raises_clear_error_or_is_correct(kernel, device, sizes):
+    """A variant the kernel does not declare (a window, softcap, ALiBi shape, sinks, a sequence
+    length off its granularity, or the backward of a variant declared forward only) is refused
+    with a clear error or answered correctly."""
+    caps = kernel.capabilities
+    if not variant_axes(caps):
+        pytest.skip(f"kernel {kernel.name} declares every variant and its backward")
+
+    def check(kernel, problem):
+        backward = caps.backward and caps.unsupported_reason(problem) is None
+        names = ("o", *gradient_names(problem)) if backward else ("o", "lse")
+        try:
+            out = run_kernel(kernel, problem, "variant-error-contract", declared=False, backward=backward)
+        except KernelRefused:
+            return "refused"
+        assert_close_to_golden(kernel, problem, "variant-error-contract", out, names)
+        return None
+
+    run_property(
+        kernel,
+        "variant-error-contract",
+        undeclared_variant_problems(caps, device=device, sizes=sizes),
+        check,
+        weight=0.5,
+    )
+
+
+@pytest.mark.parametrize("corruption", sorted(MALFORMED))
+def test_malformed_variant_inputs_raise_clear_error(kernel, device, sizes, corruption):
+    """Malformed variant inputs (cu_seqlens, cache lengths, block tables, slopes, windows,
+    softcaps, sinks) of a declared entry point raise ValueError, TypeError or
+    NotImplementedError: never an answer, a NaN or a crash."""
+    variant, corrupt = MALFORMED[corruption]
+    if not kernel.capabilities.declares_variant(variant):
+        pytest.skip(f"kernel {kernel.name} does not declare variant {variant!r}")
+    prop = "malformed-inputs"
+
+    def check(kernel, problem):
+        inp = problem.kernel_inputs()
+        corrupt(inp)
+        try:
+            run_kernel(kernel, problem, prop, inputs=inp, declared=False)
+        except KernelRefused:
+            return "refused"
+        raise PropertyFailure(failure(kernel, problem, prop, [
+            f"malformed input ({corruption}) was answered instead of refused with a clear error"]))
+
+    strategy = variant_problems(kernel.capabilities, variant, device=device, sizes=sizes)
+    if corruption == "cu_seqlens not monotone":
+        strategy = strategy.filter(lambda p: p.b >= 2)
+    run_property(kernel, prop, strategy, check, weight=0.25)

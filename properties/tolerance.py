@@ -47,6 +47,7 @@ RATIO: dict[str, dict[torch.dtype, float]] = {
     "dq": {torch.float16: 3.0, torch.bfloat16: 3.0, torch.float32: 10.0, torch.float64: 16.0},
     "dk": {torch.float16: 3.0, torch.bfloat16: 3.0, torch.float32: 10.0, torch.float64: 16.0},
     "dv": {torch.float16: 3.0, torch.bfloat16: 3.0, torch.float32: 10.0, torch.float64: 16.0},
+    "dsinks": {torch.float16: 3.0, torch.bfloat16: 3.0, torch.float32: 10.0, torch.float64: 16.0},
 }
 #: Logit-size floor, in units of eps(accumulation dtype) * L * magnitude.
 LOGIT_ULPS = 16.0

@@ -2,34 +2,92 @@
 
 The loops are the fused kernels' loops, written out. Matmul operands are rounded to the input
 dtype (as tensor cores read them) and accumulated in float32 (float64 for float64 inputs).
+Three entry points share the tile loops (``docs/variants.md``): :func:`attention` (dense),
+``attention.varlen`` (packed sequences) and ``attention.kvcache`` (decode from a KV cache).
 
 Forward, for each query tile Q_i (block_m rows), over key tiles K_j, V_j (block_n rows):
 
-    S = scale * Q_i K_j^T            (masked: -inf where not visible; tail keys don't exist)
+    S = scale * Q_i K_j^T
+    S = softcap * tanh(S / softcap)           (softcap; 0 is off)
+    S = S - slope * |i + c - j|               (ALiBi: one slope per head, or per batch element and head)
+    S = -inf where key j is not visible       (tail keys don't exist; causal; window)
     m_new = max(m, rowmax(S));  P = exp(S - m_new);  alpha = exp(m - m_new)
     l = alpha * l + rowsum(P);  acc = alpha * acc + P V_j;  m = m_new
     O_i = acc / l,  lse_i = m + log(l)       (empty rows: O = 0, lse = -inf)
 
-Key tiles that are entirely above the causal diagonal are skipped.
+With ``c = Nk - Nq`` (bottom-right alignment), key j is visible from query i iff ``j < Nk``,
+``j <= i + c`` when causal, and ``i + c - left <= j <= i + c + right`` for
+``window_size=(left, right)`` (-1 leaves that side unbounded; with causal the right edge is also
+the diagonal). These are :mod:`refimpl.masks`' mask and score mods, in that order. Key tiles
+that no row of the query tile sees (above the causal diagonal, outside the window) are skipped.
+
+A sink logit z_h (one per query head, natural-log units, not scaled) is a key with no value: the
+state starts at ``m = z_h, l = 1, acc = 0``, so ``lse = logaddexp(lse_keys, z_h)``, the output
+shrinks by the sink's share, and a row that sees no key has ``O = 0, lse = z_h``.
 
 Backward (FA2): Delta = rowsum(dO * O); for each key tile, over the query tiles that see it:
 
     P = exp(S - lse);  dV_j += P^T dO_i;  dP = dO_i V_j^T;  dS = P * (dP - Delta_i)
+    dS = dS * (1 - (S_capped / softcap)^2)   (the softcap's derivative; ALiBi and masks are additive)
     dK_j += scale * dS^T Q_i;  dQ_i += scale * dS K_j
+    dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi
 
 GQA: query head h reads kv head h // group; dK and dV are summed over the group.
+
+Varlen: packed token-major q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); each sequence
+``cu_seqlens[s]:cu_seqlens[s+1]`` runs through the same tile loops on its own (its own Nq, Nk
+and c) as a batch of one, with ALiBi slopes row s when they are (B, Hq). o (Tq, Hq, Dv),
+lse (Hq, Tq); the gradients flow back through the per-sequence calls.
+
+KV-cache decode (forward only): q (B, Nq, Hq, D) are the last Nq queries of a sequence of
+``L_b = cache_seqlens[b]`` keys (``c = L_b - Nq``). Only cache positions ``< L_b`` are read:
+position j of batch element b is ``k_cache[b, j]``, or, paged, slot ``j % page_size`` of page
+``block_table[b, j // page_size]``. Split-KV (flash-decoding) cuts the ``ceil(L_b / block_n)``
+key tiles into ``num_splits`` contiguous runs of ``ceil(tiles / num_splits)`` tiles; each run
+gives a partial ``(O_s, lse_s)`` kept in the accumulator dtype (a run with no key: O_s = 0,
+lse_s = -inf; the sink belongs to the first run), and the partials merge by their lse:
+
+    lse = logaddexp_s lse_s,   O = sum_s exp(lse_s - lse) O_s
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, replace
+from itertools import pairwise
+
 import torch
 
-from kernels.capabilities import Capabilities
+from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from refimpl.golden import check_shapes, default_scale
 from refimpl.masks import causal_offset
+from refimpl.online_softmax import merge_partials
 
 NEG_INF = float("-inf")
 TILES = (3, 16, 32, 64, 128)
+#: Any page size works (a position is addressed page by page); these are the ones declared.
+PAGE_SIZES = (1, 2, 3, 4, 5, 8, 16, 64, 256)
+MAX_SPLITS = 64
+MAX_DECODE_QUERIES = 64
+
+Window = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The score and mask modifiers of one call (``docs/variants.md``), as the tile loops read them.
+
+    Attributes:
+        window: ``(left, right)``; -1 leaves that side unbounded, ``(-1, -1)`` is no window.
+        softcap: the cap t of ``s -> t * tanh(s / t)``; 0 is off.
+        slopes: ALiBi slopes (B, Hq) in the accumulator dtype, or ``None``.
+        sinks: sink logits (Hq,), or ``None``.
+    """
+
+    window: Window
+    softcap: float
+    slopes: torch.Tensor | None
+    sinks: torch.Tensor | None
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -40,27 +98,94 @@ def _kv_head(h: int, group: int) -> int:
     return h // group
 
 
-def _key_stop(q_stop: int, nk: int, causal: bool, offset: int) -> int:
-    """One past the last key any of the rows ``< q_stop`` sees (tiles beyond are skipped)."""
-    return min(nk, q_stop + offset) if causal else nk
+def _bhnd(t: torch.Tensor) -> torch.Tensor:
+    """Token-major (N, H, D) -> (1, H, N, D): one sequence as a batch of one (a view)."""
+    return t.transpose(0, 1)[None]
 
 
-def _scores(qi, kj, scale, rows, cols, causal, offset, nk):
-    """Masked logits of one tile: -inf above the causal diagonal and beyond the key tail."""
+# ---------------------------------------------------------------------------------- the tiles
+def _key_range(
+    q0: int, q1: int, keys: tuple[int, int], offset: int, causal: bool, window: Window, block_n: int
+) -> tuple[int, int]:
+    """The keys ``[start, stop)`` the forward visits for rows ``q0..q1-1``: from the key tile
+    holding the first key any of them sees (the window's left edge) to one past the last key
+    any of them sees (the causal diagonal, the window's right edge), within ``keys`` (the
+    whole sequence, or one split of split-KV, starting on a tile boundary)."""
+    left, right = window
+    reach = 0 if causal else right  # how far right of its diagonal a row sees; -1: unbounded
+    start = max(keys[0], q0 + offset - left) if left >= 0 else keys[0]
+    stop = min(keys[1], q1 + offset + reach) if reach >= 0 else keys[1]
+    return start // block_n * block_n, stop
+
+
+def _query_range(
+    k0: int, k1: int, nq: int, offset: int, causal: bool, window: Window, block_m: int
+) -> tuple[int, int]:
+    """The rows ``[start, stop)`` the backward visits for keys ``k0..k1-1``: from the query tile
+    holding the first row that sees any of them to one past the last such row."""
+    left, right = window
+    reach = 0 if causal else right
+    start = max(0, k0 - offset - reach) if reach >= 0 else 0
+    stop = min(nq, k1 - offset + left) if left >= 0 else nq
+    return start // block_m * block_m, stop
+
+
+def _scores(
+    qi: torch.Tensor,
+    kj: torch.Tensor,
+    scale: float,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    causal: bool,
+    offset: int,
+    nk: int,
+    var: Variants,
+    h: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits of one tile of query head ``h``: scaled, soft-capped, ALiBi-biased, then masked
+    (-inf beyond the key tail, above the causal diagonal, outside the window). Also returns the
+    softcap's derivative ``1 - tanh^2`` for the backward (``None`` without a softcap)."""
     s = scale * (qi @ kj.transpose(-1, -2))
+    dcap = None
+    if var.softcap:
+        t = torch.tanh(s / var.softcap)
+        s, dcap = var.softcap * t, 1 - t * t
+    if var.slopes is not None:
+        s = s - var.slopes[:, h, None, None] * (rows[:, None] + offset - cols[None, :]).abs()
     visible = cols[None, :] < nk
     if causal:
         visible = visible & (cols[None, :] <= rows[:, None] + offset)
-    return s.masked_fill(~visible, NEG_INF)
+    left, right = var.window
+    if left >= 0:
+        visible = visible & (cols[None, :] >= rows[:, None] + offset - left)
+    if right >= 0:
+        visible = visible & (cols[None, :] <= rows[:, None] + offset + right)
+    return s.masked_fill(~visible, NEG_INF), dcap
 
 
-def _forward(q, k, v, causal, scale, block_m, block_n):
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool,
+    scale: float,
+    block_m: int,
+    block_n: int,
+    var: Variants,
+    keys: tuple[int, int] | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of q (B, Hq, Nq, D) against k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv).
+
+    ``keys`` limits the key tiles to ``[start, stop)`` (one split of split-KV; default: all);
+    o is in ``out_dtype`` (default: the input dtype), lse in the accumulator dtype."""
     b, hq, nq, _ = q.shape
     group = hq // k.shape[1]
     nk, dv = k.shape[2], v.shape[3]
     acc_t = _acc_dtype(q.dtype)
     offset = causal_offset(nq, nk)
-    o = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+    keys = (0, nk) if keys is None else keys
+    o = torch.empty((b, hq, nq, dv), dtype=out_dtype or q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=acc_t, device=q.device)
     for h in range(hq):
         kh, vh = k[:, _kv_head(h, group)], v[:, _kv_head(h, group)]
@@ -70,12 +195,16 @@ def _forward(q, k, v, causal, scale, block_m, block_n):
             qi = q[:, h, q0:q1].to(acc_t)
             m = torch.full((b, q1 - q0), NEG_INF, dtype=acc_t, device=q.device)
             l = torch.zeros((b, q1 - q0), dtype=acc_t, device=q.device)  # noqa: E741
+            if var.sinks is not None:  # the sink: a key of logit z_h with no value
+                m.fill_(var.sinks[h])
+                l.fill_(1.0)
             acc = torch.zeros((b, q1 - q0, dv), dtype=acc_t, device=q.device)
-            for k0 in range(0, _key_stop(q1, nk, causal, offset), block_n):
+            k_start, k_stop = _key_range(q0, q1, keys, offset, causal, var.window, block_n)
+            for k0 in range(k_start, k_stop, block_n):
                 cols = torch.arange(k0, k0 + block_n, device=q.device)
                 kj = kh[:, k0 : k0 + block_n].to(acc_t)
                 vj = vh[:, k0 : k0 + block_n].to(acc_t)
-                s = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk)
+                s, _ = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk, var, h)
                 m_new = torch.maximum(m, s.amax(-1))
                 m_safe = torch.where(m_new == NEG_INF, 0.0, m_new)
                 p = torch.exp(s - m_safe[..., None])
@@ -85,12 +214,25 @@ def _forward(q, k, v, causal, scale, block_m, block_n):
                 m = m_new
             empty = l == 0
             l_safe = torch.where(empty, 1.0, l)
-            o[:, h, q0:q1] = torch.where(empty[..., None], 0.0, acc / l_safe[..., None]).to(q.dtype)
+            o[:, h, q0:q1] = torch.where(empty[..., None], 0.0, acc / l_safe[..., None]).to(o.dtype)
             lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m + torch.log(l_safe))
     return o, lse
 
 
-def _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n):
+def _backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    causal: bool,
+    scale: float,
+    block_m: int,
+    block_n: int,
+    var: Variants,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(dq, dk, dv, dsinks)`` (``dsinks`` is ``None`` without sinks)."""
     _, hq, nq, _ = q.shape
     group = hq // k.shape[1]
     nk = k.shape[2]
@@ -107,52 +249,83 @@ def _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n):
             k1 = min(k0 + block_n, nk)
             cols = torch.arange(k0, k1, device=q.device)
             kj, vj = k[:, hk, k0:k1].to(acc_t), v[:, hk, k0:k1].to(acc_t)
-            first_q = max(0, k0 - offset) if causal else 0
-            for q0 in range((first_q // block_m) * block_m, nq, block_m):
+            q_start, q_stop = _query_range(k0, k1, nq, offset, causal, var.window, block_m)
+            for q0 in range(q_start, q_stop, block_m):
                 q1 = min(q0 + block_m, nq)
                 rows = torch.arange(q0, q1, device=q.device)
                 qi, doi = q[:, h, q0:q1].to(acc_t), do[:, h, q0:q1].to(acc_t)
-                s = _scores(qi, kj, scale, rows, cols, causal, offset, nk)
+                s, dcap = _scores(qi, kj, scale, rows, cols, causal, offset, nk, var, h)
                 p = torch.exp(s - lse_safe[:, h, q0:q1, None])
                 dv[:, hk, k0:k1] += p.to(q.dtype).to(acc_t).transpose(-1, -2) @ doi
                 dp = doi @ vj.transpose(-1, -2)
                 ds = p * (dp - delta[:, h, q0:q1, None])
+                if dcap is not None:  # back through the softcap
+                    ds = ds * dcap
                 ds_lp = ds.to(q.dtype).to(acc_t)
                 dk[:, hk, k0:k1] += scale * (ds_lp.transpose(-1, -2) @ qi)
                 dq[:, h, q0:q1] += scale * (ds_lp @ kj)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    dsinks = None
+    if var.sinks is not None:  # the sink's probability exp(z_h - lse) times -Delta
+        z = var.sinks.to(acc_t)[None, :, None]
+        dsinks = -(torch.exp(z - lse) * delta).sum((0, 2)).to(var.sinks.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dsinks
 
 
 class _BlockedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, block_m, block_n):
-        o, lse = _forward(q, k, v, causal, scale, block_m, block_n)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (causal, scale, block_m, block_n)
+    def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes):
+        var = Variants(window, softcap, slopes, sinks)
+        o, lse = _forward(q, k, v, causal, scale, block_m, block_n, var)
+        ctx.save_for_backward(q, k, v, o, lse, slopes, sinks)
+        ctx.args = (causal, scale, block_m, block_n, window, softcap)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dlse):
-        q, k, v, o, lse = ctx.saved_tensors
-        causal, scale, block_m, block_n = ctx.args
-        dq, dk, dv = _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n)
-        return dq, dk, dv, None, None, None, None
+        q, k, v, o, lse, slopes, sinks = ctx.saved_tensors
+        causal, scale, block_m, block_n, window, softcap = ctx.args
+        var = Variants(window, softcap, slopes, sinks)
+        dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n, var)
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
-def attention(
+def _split_kv(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
+    causal: bool,
+    scale: float,
+    block_m: int,
+    block_n: int,
+    var: Variants,
+    num_splits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocked FlashAttention-2 ``(o, lse)`` with bottom-right causal alignment; any tile sizes."""
-    check_shapes(q, k, v)
+    """Flash-decoding of one sequence (a batch of one): the key tiles in ``num_splits``
+    contiguous runs, a partial ``(o, lse)`` per run in the accumulator dtype, merged by lse."""
+    nk = k.shape[2]
+    tiles = -(-nk // block_n)
+    per_split = -(-tiles // num_splits) * block_n  # keys per run: ceil(tiles / num_splits) tiles
+    o = lse = None
+    for i in range(num_splits):
+        run = var if i == 0 else replace(var, sinks=None)  # the sink is counted once
+        keys = (i * per_split, min(nk, (i + 1) * per_split))
+        o_i, lse_i = _forward(q, k, v, causal, scale, block_m, block_n, run, keys, _acc_dtype(q.dtype))
+        o, lse = (o_i, lse_i) if o is None else merge_partials(o, lse, o_i, lse_i)
+    return o.to(q.dtype), lse
+
+
+# ------------------------------------------------------------------------------ input checks
+def _settings(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None,
+    block_m: int | None,
+    block_n: int | None,
+) -> tuple[float, int, int]:
+    """Checks every entry point makes (dtypes, devices, tile sizes); the scale and tiles to use."""
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in attention.capabilities.dtypes:
@@ -164,7 +337,271 @@ def attention(
     if block_m < 1 or block_n < 1:
         raise ValueError(f"tile sizes must be positive, got block_m={block_m}, block_n={block_n}")
     scale = default_scale(q.shape[-1], scale)
-    return _BlockedAttention.apply(q, k, v, causal, scale, block_m, block_n)
+    return scale, block_m, block_n
 
 
-attention.capabilities = Capabilities(block_m=TILES, block_n=TILES)
+def _variant_settings(
+    q: torch.Tensor,
+    batch: int,
+    hq: int,
+    window_size: tuple[int, int] | None,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+) -> tuple[Window, float, torch.Tensor | None]:
+    """Check the variant keywords; returns the window (``(-1, -1)``: none), the softcap and the
+    ALiBi slopes as (batch, Hq) in the accumulator dtype (``None``: no ALiBi)."""
+    window = (-1, -1) if window_size is None else window_size
+    if not (
+        isinstance(window, tuple | list)
+        and len(window) == 2
+        and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)
+    ):
+        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not (
+        math.isfinite(softcap) and softcap >= 0
+    ):
+        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
+    slopes = None
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+            got = getattr(alibi_slopes, "dtype", alibi_slopes)
+            raise TypeError(f"alibi_slopes must be a float32 tensor, got {got}")
+        if tuple(alibi_slopes.shape) not in ((hq,), (batch, hq)):
+            raise ValueError(
+                f"alibi_slopes must have shape (Hq,) = ({hq},) or (B, Hq) = ({batch}, {hq}), "
+                f"got {tuple(alibi_slopes.shape)}"
+            )
+        if alibi_slopes.device != q.device:
+            raise ValueError(f"alibi_slopes are on {alibi_slopes.device}, q on {q.device}")
+        slopes = alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
+    if sinks is not None:
+        allowed = {torch.float32, torch.float64} if q.dtype == torch.float64 else {torch.float32}
+        if not isinstance(sinks, torch.Tensor) or sinks.dtype not in allowed:
+            raise TypeError(
+                "sinks must be a float32 tensor (or float64 with float64 inputs), "
+                f"got {getattr(sinks, 'dtype', sinks)}"
+            )
+        if tuple(sinks.shape) != (hq,):
+            raise ValueError(f"sinks must have shape (Hq,) = ({hq},), got {tuple(sinks.shape)}")
+        if sinks.device != q.device:
+            raise ValueError(f"sinks are on {sinks.device}, q on {q.device}")
+    return (window[0], window[1]), float(softcap), slopes
+
+
+def _sequences(
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    tq: int,
+    tk: int,
+) -> list[tuple[slice, slice]]:
+    """Check the varlen sequence boundaries; returns each sequence's token ranges ``(q, k)``."""
+    bounds = []
+    for name, cu, total, longest, max_name in (
+        ("cu_seqlens_q", cu_seqlens_q, tq, max_seqlen_q, "max_seqlen_q"),
+        ("cu_seqlens_k", cu_seqlens_k, tk, max_seqlen_k, "max_seqlen_k"),
+    ):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
+            raise TypeError(f"{name} must be an int32 tensor, got {getattr(cu, 'dtype', type(cu).__name__)}")
+        if cu.dim() != 1 or cu.numel() < 2:
+            raise ValueError(f"{name} must be 1-d with B + 1 >= 2 entries, got shape {tuple(cu.shape)}")
+        ends = cu.tolist()
+        if ends[0] != 0:
+            raise ValueError(f"{name} must start at 0, got {ends[0]}")
+        if any(b < a for a, b in pairwise(ends)):
+            raise ValueError(f"{name} must be non-decreasing, got {ends}")
+        if ends[-1] != total:
+            raise ValueError(f"{name} must end at the number of packed tokens {total}, got {ends[-1]}")
+        lengths = [b - a for a, b in pairwise(ends)]
+        if isinstance(longest, bool) or not isinstance(longest, int) or longest < max(lengths):
+            raise ValueError(f"{max_name}={longest!r} is below the longest sequence ({max(lengths)})")
+        bounds.append(ends)
+    if len(bounds[0]) != len(bounds[1]):
+        raise ValueError(
+            f"cu_seqlens_q and cu_seqlens_k describe different batch sizes: {len(bounds[0])} and "
+            f"{len(bounds[1])} entries"
+        )
+    cq, ck = bounds
+    return [(slice(cq[s], cq[s + 1]), slice(ck[s], ck[s + 1])) for s in range(len(cq) - 1)]
+
+
+def _cache_lengths(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None,
+    num_splits: int,
+) -> list[int]:
+    """Check the decode inputs; returns ``cache_seqlens`` as a list."""
+    if q.dim() != 4:
+        raise ValueError(f"kvcache expects q (B, Nq, Hq, D), got {q.dim()} dims")
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(
+            "kvcache expects k_cache, v_cache (B, Ncache, Hkv, D) or paged (num_pages, page_size, Hkv, D), "
+            f"got {k_cache.dim()} and {v_cache.dim()} dims"
+        )
+    b, nq, hq, d = q.shape
+    if nq < 1:
+        raise ValueError("kvcache needs at least one query per sequence (Nq >= 1)")
+    if tuple(k_cache.shape[:3]) != tuple(v_cache.shape[:3]):
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
+    hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"q head dim {d} != k_cache head dim {k_cache.shape[3]}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+    if block_table is None:
+        if k_cache.shape[0] != b:
+            raise ValueError(f"a contiguous cache needs B={b} rows, got {k_cache.shape[0]}")
+        capacity = k_cache.shape[1]
+    else:
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            got = getattr(block_table, "dtype", block_table)
+            raise TypeError(f"block_table must be an int32 tensor, got {got}")
+        if block_table.dim() != 2 or block_table.shape[0] != b:
+            raise ValueError(f"block_table must be (B, max_pages) with B={b}, got {tuple(block_table.shape)}")
+        num_pages, page_size = k_cache.shape[:2]
+        if page_size < 1:
+            raise ValueError("the paged cache has page_size 0")
+        if block_table.numel() and not (0 <= int(block_table.min()) and int(block_table.max()) < num_pages):
+            raise ValueError(
+                f"block_table entries must be page indices in [0, {num_pages}), got "
+                f"[{int(block_table.min())}, {int(block_table.max())}]"
+            )
+        capacity = block_table.shape[1] * page_size
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        got = getattr(cache_seqlens, "dtype", cache_seqlens)
+        raise TypeError(f"cache_seqlens must be an int32 tensor, got {got}")
+    if tuple(cache_seqlens.shape) != (b,):
+        raise ValueError(f"cache_seqlens must have shape (B,) = ({b},), got {tuple(cache_seqlens.shape)}")
+    lengths = cache_seqlens.tolist()
+    if any(not 0 <= n <= capacity for n in lengths):
+        raise ValueError(f"cache_seqlens must lie in [0, {capacity}] (the cache capacity), got {lengths}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (0: the kernel chooses), got {num_splits!r}")
+    return lengths
+
+
+# ------------------------------------------------------------------------------ entry points
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocked FlashAttention-2 ``(o, lse)`` with bottom-right causal alignment; any tile sizes.
+
+    q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); o (B, Hq, Nq, Dv), lse (B, Hq, Nq).
+    Differentiable in q, k, v and ``sinks``."""
+    check_shapes(q, k, v)
+    scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
+    b, hq = q.shape[:2]
+    window, softcap, slopes = _variant_settings(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes)
+
+
+def varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences (``flash_attn_varlen_func``): q (Tq, Hq, D), k (Tk, Hkv, D),
+    v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"varlen expects packed q, k, v (T, H, D), got {q.dim()}, {k.dim()}, {v.dim()} dims")
+    check_shapes(*(_bhnd(t) for t in (q, k, v)))
+    scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
+    seqs = _sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
+    b, hq = len(seqs), q.shape[1]
+    window, softcap, slopes = _variant_settings(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    outs, lses = [], []
+    for s, (sq, sk) in enumerate(seqs):
+        slopes_s = None if slopes is None else slopes[s : s + 1]  # (B, Hq) slopes: row s
+        args = (causal, scale, block_m, block_n, window, softcap, slopes_s)
+        o, lse = _BlockedAttention.apply(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), sinks, *args)
+        outs.append(o[0].transpose(0, 1))
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=1)
+
+
+def kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    num_splits: int = 0,
+    causal: bool = False,
+    scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KV-cache decode (``flash_attn_with_kvcache``), forward only: q (B, Nq, Hq, D), cache
+    (B, Ncache, Hkv, D) or paged (num_pages, page_size, Hkv, D) with ``block_table``
+    (B, max_pages) -> o (B, Nq, Hq, Dv), lse (B, Hq, Nq). ``num_splits``: split-KV runs
+    (0: the kernel chooses, and it chooses 1)."""
+    inputs = (q, k_cache, v_cache, alibi_slopes, sinks)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
+        raise NotImplementedError("kvcache is forward only: call it on inputs that do not require grad")
+    lengths = _cache_lengths(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
+    scale, block_m, block_n = _settings(q, k_cache, v_cache, scale, block_m, block_n)
+    b, nq, hq, _ = q.shape
+    window, softcap, slopes = _variant_settings(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    o = torch.empty((b, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, nq), dtype=_acc_dtype(q.dtype), device=q.device)
+    for i, length in enumerate(lengths):
+        pos = torch.arange(length, device=k_cache.device)  # the positions read: j < L_b, no others
+        if block_table is None:
+            k_seq, v_seq = k_cache[i, pos], v_cache[i, pos]
+        else:
+            page, slot = block_table[i, pos // k_cache.shape[1]].long(), pos % k_cache.shape[1]
+            k_seq, v_seq = k_cache[page, slot], v_cache[page, slot]
+        var = Variants(window, softcap, None if slopes is None else slopes[i : i + 1], sinks)
+        o_i, lse_i = _split_kv(
+            _bhnd(q[i]), _bhnd(k_seq), _bhnd(v_seq), causal, scale, block_m, block_n, var, num_splits or 1
+        )
+        o[i], lse[i] = o_i[0].transpose(0, 1), lse_i[0]
+    return o, lse
+
+
+attention.varlen = varlen
+attention.kvcache = kvcache
+attention.capabilities = Capabilities(
+    block_m=TILES,
+    block_n=TILES,
+    window=True,
+    softcap=True,
+    alibi=ALIBI_SHAPES,
+    sinks=True,
+    varlen=True,
+    kvcache=KVCache(page_sizes=PAGE_SIZES, max_splits=MAX_SPLITS, max_queries=MAX_DECODE_QUERIES),
+)

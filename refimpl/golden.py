@@ -164,7 +164,9 @@ def attention_golden_backward(
     hq, group = check_shapes(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
-    o, lse = attention_golden(q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant)
+    o, lse = attention_golden(
+        q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant
+    )
     mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
     q64, do64 = q.to(torch.float64), do.to(torch.float64)
     nk = k.shape[2]

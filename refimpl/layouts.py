@@ -38,18 +38,19 @@ def _bhnd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, 1)[None]
 
 
-def _per_sequence_kwargs(kw: dict, s: int) -> dict:
+def sequence_kwargs(kw: dict, s: int) -> dict:
+    """The variant keywords of sequence (or batch element) ``s`` alone: its row of (B, Hq) slopes."""
     slopes = kw.get("alibi_slopes")
     if slopes is not None and slopes.dim() == 2:
         return {**kw, "alibi_slopes": slopes[s]}
-    return kw
+    return dict(kw)
 
 
 def varlen_apply(fn: Dense, q, k, v, cu_seqlens_q, cu_seqlens_k, **kw) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense ``fn`` -> ``(o, lse)`` on each sequence, packed: o (Tq, Hq, Dv), lse (Hq, Tq)."""
     outs, lses = [], []
     for s, (sq, sk) in enumerate(sequence_slices(cu_seqlens_q, cu_seqlens_k)):
-        o, lse = fn(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), **_per_sequence_kwargs(kw, s))
+        o, lse = fn(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), **sequence_kwargs(kw, s))
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
     if not outs:
@@ -75,7 +76,7 @@ def varlen_golden_backward(
     parts: list[tuple[torch.Tensor, ...]] = []
     for s, (sq, sk) in enumerate(sequence_slices(cu_seqlens_q, cu_seqlens_k)):
         g = attention_golden_backward(
-            _bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), _bhnd(do[sq]), bounds=bounds, **_per_sequence_kwargs(kw, s)
+            _bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), _bhnd(do[sq]), bounds=bounds, **sequence_kwargs(kw, s)
         )
         parts.append(g)
     n = len(parts[0]) // (2 if bounds else 1)
@@ -109,10 +110,13 @@ def kvcache_apply(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense ``fn`` -> decode ``(o, lse)``: o (B, Nq, Hq, Dv), lse (B, Hq, Nq). ``num_splits`` is
     how a kernel schedules the work, not what it computes: the references ignore it."""
-    ks, vs = gather_cache(k_cache, cache_seqlens, block_table), gather_cache(v_cache, cache_seqlens, block_table)
+    ks, vs = (
+        gather_cache(k_cache, cache_seqlens, block_table),
+        gather_cache(v_cache, cache_seqlens, block_table),
+    )
     outs, lses = [], []
     for b in range(q.shape[0]):
-        o, lse = fn(_bhnd(q[b]), ks[b], vs[b], **_per_sequence_kwargs(kw, b))
+        o, lse = fn(_bhnd(q[b]), ks[b], vs[b], **sequence_kwargs(kw, b))
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
     return torch.stack(outs), torch.stack(lses)

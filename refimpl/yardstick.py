@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from refimpl.golden import expand_kv, check_shapes, default_scale
+from refimpl.golden import check_shapes, default_scale, expand_kv
 from refimpl.masks import mask_mod, score_mod
 
 

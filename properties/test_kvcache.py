@@ -1,0 +1,141 @@
+"""KV-cache decode consistency: the cache's layout and the split-KV schedule change nothing.
+
+- paged-equals-contiguous: the same cache paged (any declared page size, a shuffled block table,
+  NaN-filled spare pages) and contiguous (or paged with another page size) give the same answer;
+- decode-consistency: decoding the last Nq queries against a causal cache of L keys equals the
+  last Nq rows of a causal prefill of those L tokens through the dense entry point;
+- split-kv-invariance: every ``num_splits`` (1 up to more than the key blocks, so some splits see
+  no key) agrees with ``num_splits=1``.
+
+Two runs are compared within the sum of their tolerance-model budgets (properties.agreement).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import strategies as st
+
+from kernels.registry import Kernel
+from properties.agreement import assert_agree, budgets, references_on, restrict, total
+from properties.check import Outputs, run_kernel, run_property
+from properties.problem import KernelInputs, Problem
+from properties.variant_problems import variant_problems
+
+
+def _pairs(a: Outputs, b: Outputs) -> list:
+    return [("o", a.o, b.o), ("lse", a.lse, b.lse)]
+
+
+def _twice(p: Problem, refs) -> dict[str, float]:
+    return total(*[budgets(p.dtype, refs)] * 2)
+
+
+def _other_layout(kernel: Kernel, p: Problem) -> Problem | None:
+    """The same cache in another declared layout: contiguous, else another page size."""
+    kv = kernel.capabilities.kvcache
+    options = ([None] if kv.contiguous else []) + [s for s in kv.page_sizes if s != p.page_size]
+    for size in options:
+        if size is None or p.nk % size == 0:
+            return p.replace(page_size=size)
+    return None
+
+
+def test_paged_equals_contiguous(kernel, device, sizes):
+    """A paged cache behind a shuffled block table gives what the same keys give contiguously."""
+    caps = kernel.capabilities
+    if not caps.declares_variant("paged"):
+        pytest.skip(f"kernel {kernel.name} does not declare a paged KV cache")
+    prop = "paged-equals-contiguous"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        other = _other_layout(kernel, p)
+        a, b = run_kernel(kernel, p, prop), run_kernel(kernel, other, prop)
+        what = f"page_size {p.page_size} against {other.page_size or 'a contiguous cache'}"
+        assert_agree(kernel, p, prop, what, _pairs(a, b), _twice(p, references_on(kernel, p)))
+
+    strategy = variant_problems(caps, "paged", device=device, sizes=sizes).filter(
+        lambda p: _other_layout(kernel, p) is not None
+    )
+    run_property(kernel, prop, strategy, check, weight=0.5)
+
+
+def test_decode_consistency(kernel, device, sizes):
+    """Decoding the last Nq queries of a sequence against its cache (causal) equals the last Nq
+    rows of the causal prefill of the whole sequence through the dense entry point."""
+    caps = kernel.capabilities
+    if caps.kvcache is None:
+        pytest.skip(f"kernel {kernel.name} does not declare KV-cache decode")
+    if not caps.causal:
+        pytest.skip(f"kernel {kernel.name} does not declare causal")
+    prop = "decode-consistency"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        inp = p.kernel_inputs()
+        decoded = run_kernel(kernel, p, prop, inputs=inp)
+        refs = references_on(kernel, p)
+        q, k, v, _ = p.logical()
+        g = torch.Generator().manual_seed(p.seed + 4)
+        for b, length in enumerate(p.cache):
+            prefill = p.replace(b=1, nq=length, nk=length, cache=None, page_size=None, num_splits=None)
+            if length < p.nq or caps.unsupported_reason(prefill) is not None:
+                continue
+            earlier = torch.randn(1, p.hq, length - p.nq, p.d, generator=g, dtype=q.dtype)
+            qb = torch.cat([earlier, q[b : b + 1]], dim=2)
+            tensors = tuple(
+                prefill._place(t) for t in (qb, k[b : b + 1, :, :length], v[b : b + 1, :, :length])
+            )
+            kw = {
+                name: val
+                for name, val in inp.kwargs.items()
+                if name not in ("cache_seqlens", "block_table", "num_splits")
+            }
+            if p.alibi is not None and p.alibi[0] == "batch-head":
+                kw["alibi_slopes"] = kw["alibi_slopes"][b : b + 1]
+            prefill_inputs = KernelInputs(tensors, kw, {})
+            full = run_kernel(kernel, prefill, prop, inputs=prefill_inputs)
+            last = Outputs(
+                full.o[0, :, length - p.nq :].transpose(0, 1),
+                None if full.lse is None else full.lse[0, :, length - p.nq :],
+            )
+            row = Outputs(decoded.o[b], None if decoded.lse is None else decoded.lse[b])
+            limits = total(
+                budgets(p.dtype, restrict(refs, (slice(b, b + 1),))),
+                budgets(p.dtype, references_on(kernel, prefill, prefill_inputs)),
+            )
+            what = f"batch element {b}: decode of the last {p.nq} of {length} tokens against the prefill"
+            assert_agree(kernel, p, prop, what, _pairs(row, last), limits)
+
+    strategy = variant_problems(caps, "kvcache", device=device, sizes=sizes).map(
+        lambda p: p.replace(causal=True)
+    )
+    run_property(
+        kernel, prop, strategy.filter(lambda p: caps.unsupported_reason(p) is None), check, weight=0.5
+    )
+
+
+def test_split_kv_invariance(kernel, device, sizes):
+    """Every ``num_splits`` gives what ``num_splits=1`` gives, including more splits than key
+    blocks (splits that see no key: lse -inf, and the combine must not make NaN)."""
+    caps = kernel.capabilities
+    if not caps.declares_variant("splits"):
+        pytest.skip(f"kernel {kernel.name} does not declare split-KV (max_splits > 1)")
+    prop = "split-kv-invariance"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        one = p.replace(num_splits=1)
+        a, b = run_kernel(kernel, p, prop), run_kernel(kernel, one, prop)
+        assert_agree(
+            kernel,
+            p,
+            prop,
+            f"num_splits={p.num_splits} against 1",
+            _pairs(a, b),
+            _twice(p, references_on(kernel, p)),
+        )
+
+    many = st.sampled_from([caps.kvcache.max_splits] if caps.kvcache else [1])
+    strategy = st.tuples(
+        variant_problems(caps, "splits", device=device, sizes=sizes), st.booleans(), many
+    ).map(lambda t: t[0].replace(num_splits=t[2]) if t[1] else t[0])
+    run_property(kernel, prop, strategy, check, weight=0.5)

@@ -1,0 +1,232 @@
+"""Variant identities: a variant at its neutral setting is the plain problem.
+
+- window-wide: a window at least as wide as the sequences on both sides equals no window;
+- window-causal: ``window_size=(-1, 0)`` without ``causal`` equals ``causal=True``;
+- softcap-huge: a softcap far above the logits equals no softcap (up to the exact difference);
+- alibi-zero: zero slopes equal no ALiBi;
+- sinks-neg-inf: sink logits at -inf equal no sinks;
+- sinks-lse: with sinks z, ``lse = logaddexp(lse without sinks, z)`` and ``o = o_without *
+  exp(lse_without - lse)``.
+
+Two runs are compared within the sum of their tolerance-model budgets plus, where the exact
+answers differ (softcap-huge), the difference of the two float64 goldens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.registry import Kernel
+from properties.agreement import assert_agree, budgets, references_on, total
+from properties.check import Outputs, run_kernel, run_property
+from properties.problem import Problem
+from properties.variant_problems import variant_problems
+
+#: A softcap so far above every drawn logit (|s| < 1e4) that tanh barely bends it.
+HUGE_SOFTCAP = 1e8
+
+
+def _require(kernel: Kernel, variant: str) -> None:
+    if not kernel.capabilities.declares_variant(variant):
+        pytest.skip(f"kernel {kernel.name} does not declare variant {variant!r}")
+
+
+def _pairs(a: Outputs, b: Outputs) -> list:
+    return [("o", a.o, b.o), ("lse", a.lse, b.lse)]
+
+
+def _compare_runs(
+    kernel: Kernel, p: Problem, twin: Problem, prop: str, what: str, exact_gap: bool = False
+) -> None:
+    """Run ``p`` and ``twin`` (same tensors, other variant settings) and require agreement."""
+    a, b = run_kernel(kernel, p, prop), run_kernel(kernel, twin, prop)
+    ra, rb = references_on(kernel, p), references_on(kernel, twin)
+    limits = total(budgets(p.dtype, ra), budgets(twin.dtype, rb))
+    if exact_gap:
+        for name in limits:
+            ga, gb = getattr(ra[0], name), getattr(rb[0], name)
+            finite = torch.isfinite(ga) & torch.isfinite(gb)
+            limits[name] += float((ga - gb)[finite].abs().max()) if finite.any() else 0.0
+    assert_agree(kernel, p, prop, what, _pairs(a, b), limits)
+
+
+def _strategy(kernel, device, sizes, variant):
+    return variant_problems(kernel.capabilities, variant, device=device, sizes=sizes, modifiers=(variant,))
+
+
+def _declared(kernel: Kernel, p: Problem) -> bool:
+    return kernel.capabilities.unsupported_reason(p) is None
+
+
+def test_window_wider_than_sequence(kernel, device, sizes):
+    """``window_size`` of at least Nq + Nk on both sides (or (-1, -1)) equals no window."""
+    _require(kernel, "window")
+    prop = "window-wide"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        wide = p.nq + p.nk
+        twin = p.replace(window=None)
+        _compare_runs(
+            kernel,
+            p.replace(window=(wide, wide if p.seed % 2 else -1)),
+            twin,
+            prop,
+            f"window ({wide}, ...) against none",
+        )
+
+    run_property(
+        kernel,
+        prop,
+        _strategy(kernel, device, sizes, "window").filter(
+            lambda p: _declared(kernel, p.replace(window=None))
+        ),
+        check,
+        weight=0.5,
+    )
+
+
+def test_window_left_unbounded_right_zero_is_causal(kernel, device, sizes):
+    """``window_size=(-1, 0)`` without causal equals ``causal=True`` without a window."""
+    _require(kernel, "window")
+    if not kernel.capabilities.causal:
+        pytest.skip(f"kernel {kernel.name} does not declare causal")
+    prop = "window-causal"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        _compare_runs(
+            kernel,
+            p.replace(window=(-1, 0), causal=False),
+            p.replace(window=None, causal=True),
+            prop,
+            "window (-1, 0) against causal=True",
+        )
+
+    run_property(
+        kernel,
+        prop,
+        _strategy(kernel, device, sizes, "window").filter(
+            lambda p: (
+                _declared(kernel, p.replace(window=None, causal=True))
+                and _declared(kernel, p.replace(window=(-1, 0), causal=False))
+            )
+        ),
+        check,
+        weight=0.5,
+    )
+
+
+def test_huge_softcap_is_no_softcap(kernel, device, sizes):
+    """A softcap of 1e8 equals no softcap, up to the exact (golden) difference."""
+    _require(kernel, "softcap")
+    prop = "softcap-huge"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        _compare_runs(
+            kernel,
+            p.replace(softcap=HUGE_SOFTCAP),
+            p.replace(softcap=0.0),
+            prop,
+            f"softcap {HUGE_SOFTCAP:g} against none",
+            exact_gap=True,
+        )
+
+    run_property(
+        kernel,
+        prop,
+        _strategy(kernel, device, sizes, "softcap").filter(
+            lambda p: _declared(kernel, p.replace(softcap=0.0))
+        ),
+        check,
+        weight=0.5,
+    )
+
+
+def test_zero_alibi_slopes_are_no_alibi(kernel, device, sizes):
+    """ALiBi slopes of 0 equal no ALiBi."""
+    _require(kernel, "alibi")
+    prop = "alibi-zero"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        _compare_runs(
+            kernel,
+            p.replace(alibi=(p.alibi[0], 0.0)),
+            p.replace(alibi=None),
+            prop,
+            "zero slopes against no ALiBi",
+        )
+
+    run_property(
+        kernel,
+        prop,
+        _strategy(kernel, device, sizes, "alibi").filter(lambda p: _declared(kernel, p.replace(alibi=None))),
+        check,
+        weight=0.5,
+    )
+
+
+def _with_sinks(kernel: Kernel, p: Problem, prop: str, z: torch.Tensor | None) -> Outputs:
+    inp = p.kernel_inputs()
+    if z is None:
+        del inp.kwargs["sinks"]
+    else:
+        inp.kwargs["sinks"] = z
+    return run_kernel(kernel, p, prop, inputs=inp)
+
+
+def test_sinks_at_minus_infinity_are_no_sinks(kernel, device, sizes):
+    """Sink logits of -inf contribute exp(-inf) = 0: the same as no sinks."""
+    _require(kernel, "sinks")
+    prop = "sinks-neg-inf"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        z = torch.full_like(p.variant_kwargs()["sinks"], float("-inf"))
+        a, b = _with_sinks(kernel, p, prop, z), _with_sinks(kernel, p, prop, None)
+        plain = p.replace(sinks=None)
+        limits = total(*[budgets(p.dtype, references_on(kernel, plain))] * 2)
+        assert_agree(kernel, p, prop, "sinks at -inf against none", _pairs(a, b), limits)
+
+    run_property(
+        kernel,
+        prop,
+        _strategy(kernel, device, sizes, "sinks").filter(lambda p: _declared(kernel, p.replace(sinks=None))),
+        check,
+        weight=0.5,
+    )
+
+
+def test_sinks_shift_lse_by_logaddexp(kernel, device, sizes):
+    """With sinks z_h: lse = logaddexp(lse_without, z_h) and o = o_without * exp(lse_without - lse)."""
+    _require(kernel, "sinks")
+    if not kernel.capabilities.returns_lse:
+        pytest.skip(f"kernel {kernel.name} returns no lse")
+    prop = "sinks-lse"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        z = p.variant_kwargs()["sinks"].detach()
+        a, b = run_kernel(kernel, p, prop), _with_sinks(kernel, p, prop, None)
+        shape = [1] * b.lse.dim()
+        shape[-2 if p.mode != "varlen" else 0] = -1
+        lse = torch.logaddexp(b.lse.double(), z.double().view(shape))
+        factor = torch.exp(b.lse.double() - lse)
+        factor = (
+            factor.transpose(-1, -2)[..., None]
+            if p.mode == "kvcache"
+            else (factor.transpose(0, 1)[..., None] if p.mode == "varlen" else factor[..., None])
+        )
+        derived = Outputs(torch.where(torch.isfinite(factor), b.o.double() * factor, 0.0), lse)
+        refs = references_on(kernel, p)
+        limits = total(budgets(p.dtype, refs), budgets(p.dtype, references_on(kernel, p.replace(sinks=None))))
+        # o_without * exp(lse_without - lse) carries the lse errors too, times |o| (factor <= 1)
+        limits["o"] += limits["lse"] * float(refs[0].o.abs().max()) if refs[0].o.numel() else 0.0
+        assert_agree(
+            kernel, p, prop, "o and lse with sinks derived from the run without", _pairs(a, derived), limits
+        )
+
+    run_property(
+        kernel,
+        prop,
+        _strategy(kernel, device, sizes, "sinks").filter(lambda p: _declared(kernel, p.replace(sinks=None))),
+        check,
+        weight=0.5,
+    )

@@ -1,0 +1,336 @@
+"""Hypothesis strategies for variant problems (``docs/variants.md``), from a kernel's declaration.
+
+:func:`variant_problems` draws a declared problem that uses one named variant (``window``,
+``softcap``, ``alibi``, ``sinks``, ``varlen``, ``kvcache``, ``paged``, ``splits``) and, at random,
+any other declared variant that combines with it. The values favour the edges where kernels
+break:
+
+    window       sides 0, 1, small, >= N, -1 (unbounded), asymmetric
+    softcap      small caps that saturate tanh (0.5, 1) and large ones that barely bend it
+    alibi        slopes 0, tiny, standard and large; per head and per batch element and head
+    sinks        very negative (no effect), positive (they dominate), mixed
+    varlen       1..12 sequences, lengths 0, 1, tile-adjacent and random, very unequal
+    kvcache      Nq 1..a few, cache lengths 0..capacity, declared page sizes, shuffled block
+                 tables with NaN-filled spare pages, num_splits 1..beyond the key blocks
+
+:func:`undeclared_variant_problems` steps outside the declaration along one variant axis, and
+:data:`MALFORMED` lists the malformed inputs every declared entry point must refuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from hypothesis import assume, reject
+from hypothesis import strategies as st
+
+from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from properties.problem import SINKS, KernelInputs, Problem
+from properties.strategies import DEFAULT_SIZES, Sizes, problems
+
+#: The variants a problem can use, in the order properties are reported.
+VARIANTS = ("window", "softcap", "alibi", "sinks", "varlen", "kvcache", "paged", "splits")
+#: Variants that modify the scores or the mask, combinable with every entry point.
+MODIFIERS = ("window", "softcap", "alibi", "sinks")
+SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 1000.0)
+ALIBI_MAX_SLOPES = (0.0, 1e-3, 0.25, 1.0, 8.0)
+#: Largest number of packed sequences drawn.
+MAX_SEQUENCES = 12
+
+
+def _window_side(n: int) -> st.SearchStrategy[int]:
+    return st.one_of(st.sampled_from([-1, 0, 1, 2, n, n + 3]), st.integers(-1, max(n, 1)))
+
+
+def _lengths(max_n: int, multiple: int, min_n: int = 0) -> st.SearchStrategy[int]:
+    """Sequence lengths: 0, 1, tile-adjacent and random (multiples of ``multiple`` only)."""
+    if multiple > 1:
+        return st.integers(min_n // multiple + (min_n % multiple > 0), max_n // multiple).map(
+            lambda i: i * multiple
+        )
+    special = [n for n in (0, 1, 2, 15, 16, 17, 31, 33) if min_n <= n <= max_n]
+    return st.one_of(st.sampled_from(special), st.integers(min_n, max_n))
+
+
+@st.composite
+def _modifiers(
+    draw, caps: Capabilities, p: Problem, required: str | None, allowed: tuple[str, ...]
+) -> Problem:
+    """``p`` with the required modifier on and every other declared, allowed one on at random."""
+    changes: dict = {}
+    n = max(p.nq, p.nk)
+    for name in MODIFIERS:
+        if name not in allowed or not caps.declares_variant(name):
+            continue
+        if name != required and not draw(st.booleans()):
+            continue
+        if name == "window":
+            changes["window"] = (draw(_window_side(n)), draw(_window_side(n)))
+        elif name == "softcap":
+            changes["softcap"] = draw(
+                st.one_of(st.sampled_from(SOFTCAPS), st.floats(0.1, 100.0).map(lambda x: round(x, 3)))
+            )
+        elif name == "alibi":
+            shape = draw(st.sampled_from(sorted(caps.alibi)))
+            changes["alibi"] = (shape, draw(st.sampled_from(ALIBI_MAX_SLOPES)))
+        else:
+            changes["sinks"] = draw(st.sampled_from(sorted(SINKS)))
+    return p.replace(**changes)
+
+
+@st.composite
+def _varlen(draw, caps: Capabilities, p: Problem, sizes: Sizes) -> Problem:
+    count = draw(st.integers(1, MAX_SEQUENCES))
+    m = caps.seqlen_multiple
+    pairs = []
+    budget = sizes.max_work // max(1, p.hq * max(p.d, p.dv))
+    for _ in range(count):
+        nq = draw(_lengths(sizes.max_n, m))
+        nk = draw(_lengths(sizes.max_n, m)) if caps.unequal_lengths else nq
+        if pairs and (nq * nk > budget):
+            break
+        budget -= nq * nk
+        pairs.append((nq, nk))
+    if not any(nq for nq, _ in pairs) or not any(nk for _, nk in pairs):
+        pairs[0] = (max(1, m), max(1, m))
+    return p.replace(
+        b=len(pairs),
+        nq=max(nq for nq, _ in pairs),
+        nk=max(nk for _, nk in pairs),
+        seqlens=tuple(pairs),
+    )
+
+
+@st.composite
+def _decode(
+    draw, caps: Capabilities, kv: KVCache, p: Problem, sizes: Sizes, paged: bool | None, splits: bool | None
+) -> Problem:
+    kinds = ([None] if kv.contiguous and paged is not True else []) + (
+        list(kv.page_sizes) if paged is not False else []
+    )
+    if not kinds:
+        reject()
+    page = draw(st.sampled_from(kinds))
+    nq = draw(st.one_of(st.just(1), st.integers(1, min(kv.max_queries, 8))))
+    if page is None:
+        capacity = draw(st.integers(max(1, nq // 2), max(2, 2 * sizes.max_n)))
+    else:
+        capacity = page * draw(st.integers(1, max(1, (2 * sizes.max_n) // page + 1)))
+    b = draw(st.integers(1, max(sizes.max_batch, 3)))
+    lengths = tuple(
+        draw(st.one_of(st.sampled_from([0, capacity, min(nq, capacity)]), st.integers(0, capacity)))
+        for _ in range(b)
+    )
+    use_splits = (kv.max_splits > 1 and draw(st.booleans())) if splits is None else splits
+    num_splits = (
+        draw(st.one_of(st.sampled_from([1, 2, kv.max_splits]), st.integers(1, kv.max_splits)))
+        if use_splits
+        else None
+    )
+    return p.replace(b=b, nq=nq, nk=capacity, cache=lengths, page_size=page, num_splits=num_splits)
+
+
+@st.composite
+def variant_problems(
+    draw,
+    caps: Capabilities,
+    variant: str,
+    *,
+    device: str = "cpu",
+    sizes: Sizes = DEFAULT_SIZES,
+    backward: bool = False,
+    modifiers: tuple[str, ...] = MODIFIERS,
+    mode: str | None = None,
+    dtypes: tuple[torch.dtype, ...] | None = None,
+) -> Problem:
+    """A declared problem that uses ``variant``; other declared ``modifiers`` join at random.
+
+    ``mode`` pins the entry point (``dense``, ``varlen``, ``kvcache``; default: drawn among the
+    declared ones, or the one ``variant`` names); ``backward`` draws only problems whose
+    gradients the kernel declares."""
+    if not caps.declares_variant(variant):
+        raise ValueError(f"variant {variant!r} is not declared")
+    if mode is None:
+        if variant in ("varlen", "kvcache", "paged", "splits"):
+            mode = "varlen" if variant == "varlen" else "kvcache"
+        else:
+            modes = (
+                ["dense"]
+                + (["varlen"] if caps.varlen else [])
+                + (["kvcache"] if caps.kvcache is not None and not backward else [])
+            )
+            mode = draw(st.sampled_from(modes))
+    base: Problem = draw(problems(caps, device=device, sizes=sizes, dtypes=dtypes))
+    if mode == "varlen":
+        base = draw(_varlen(caps, base, sizes))
+    elif mode == "kvcache":
+        base = draw(
+            _decode(
+                caps,
+                caps.kvcache,
+                base,
+                sizes,
+                paged=True if variant == "paged" else None,
+                splits=True if variant == "splits" else None,
+            )
+        )
+    required = variant if variant in MODIFIERS else None
+    p = draw(_modifiers(caps, base, required, modifiers))
+    if caps.unsupported_reason(p) is not None:
+        reject()
+    if backward and caps.backward_reason(p) is not None:
+        reject()
+    return p
+
+
+# ------------------------------------------------------------------------- the error contract
+def variant_axes(caps: Capabilities) -> list[str]:
+    """The variant axes along which a kernel declares less than everything: modifiers it does
+    not take, ALiBi shapes, sequence-length granularity, modifiers without a backward."""
+    axes = [v for v in MODIFIERS if not caps.declares_variant(v)]
+    if caps.alibi and caps.alibi != ALIBI_SHAPES:
+        axes.append("alibi-shape")
+    if caps.seqlen_multiple > 1:
+        axes.append("granularity")
+    if caps.backward:
+        axes += [
+            f"backward-{v}" for v in MODIFIERS if caps.declares_variant(v) and v not in caps.variant_backward
+        ]
+    return axes
+
+
+@st.composite
+def undeclared_variant_problems(
+    draw, caps: Capabilities, *, device: str = "cpu", sizes: Sizes = DEFAULT_SIZES
+) -> Problem:
+    """A declared dense problem given one variant the kernel does not declare (or a sequence
+    length off its ``seqlen_multiple``, or a variant's backward it does not declare)."""
+    axis = draw(st.sampled_from(variant_axes(caps)))
+    p: Problem = draw(problems(caps, device=device, sizes=Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)))
+    if axis.startswith("backward-"):
+        p = draw(_modifiers(caps, p, axis.removeprefix("backward-"), (axis.removeprefix("backward-"),)))
+    elif axis == "window":
+        p = p.replace(window=(draw(st.integers(0, 4)), draw(st.integers(-1, 4))))
+    elif axis == "softcap":
+        p = p.replace(softcap=draw(st.sampled_from(SOFTCAPS)))
+    elif axis == "alibi":
+        p = p.replace(alibi=(draw(st.sampled_from(sorted(ALIBI_SHAPES))), 0.5))
+    elif axis == "alibi-shape":
+        p = p.replace(alibi=(draw(st.sampled_from(sorted(ALIBI_SHAPES - caps.alibi))), 0.5))
+    elif axis == "sinks":
+        p = p.replace(sinks=draw(st.sampled_from(sorted(SINKS))))
+    else:
+        m = caps.seqlen_multiple
+        p = p.replace(nq=p.nq + draw(st.integers(1, m - 1)))
+    if not axis.startswith("backward-"):
+        assume(caps.must_raise(p))
+    return p
+
+
+def _set_cu(inp: KernelInputs, which: int, values: list[int]) -> None:
+    cu = inp.args[3 + which]
+    inp.args = (
+        *inp.args[: 3 + which],
+        torch.tensor(values, dtype=cu.dtype, device=cu.device),
+        *inp.args[4 + which :],
+    )
+
+
+def _cu_not_monotone(inp: KernelInputs) -> None:
+    cu = inp.args[3].tolist()
+    cu[1] = cu[-1] + 1  # jumps past the end, then comes back
+    _set_cu(inp, 0, cu)
+
+
+def _cu_short_end(inp: KernelInputs) -> None:
+    cu = inp.args[4].tolist()
+    cu[-1] -= 1
+    _set_cu(inp, 1, cu)
+
+
+def _cu_bad_start(inp: KernelInputs) -> None:
+    _set_cu(inp, 0, [1, *inp.args[3].tolist()[1:]])
+
+
+def _cu_int64(inp: KernelInputs) -> None:
+    inp.args = (*inp.args[:3], inp.args[3].long(), *inp.args[4:])
+
+
+def _cu_lengths_differ(inp: KernelInputs) -> None:
+    cu = inp.args[4]
+    inp.args = (*inp.args[:4], torch.cat([cu, cu[-1:]]), *inp.args[5:])
+
+
+def _max_seqlen_small(inp: KernelInputs) -> None:
+    inp.args = (*inp.args[:5], inp.args[5] - 1, *inp.args[6:])
+
+
+def _cache_over_capacity(inp: KernelInputs) -> None:
+    k = inp.args[1]
+    table = inp.kwargs.get("block_table")
+    capacity = k.shape[1] if table is None else table.shape[1] * k.shape[1]
+    inp.kwargs["cache_seqlens"] = inp.kwargs["cache_seqlens"].clone().fill_(capacity + 1)
+
+
+def _cache_negative(inp: KernelInputs) -> None:
+    inp.kwargs["cache_seqlens"] = inp.kwargs["cache_seqlens"].clone().fill_(-1)
+
+
+def _cache_int64(inp: KernelInputs) -> None:
+    inp.kwargs["cache_seqlens"] = inp.kwargs["cache_seqlens"].long()
+
+
+def _table_out_of_range(inp: KernelInputs) -> None:
+    table = inp.kwargs["block_table"].clone()
+    table[0, 0] = inp.args[1].shape[0]  # one past the last page
+    inp.kwargs["block_table"] = table
+
+
+def _table_negative(inp: KernelInputs) -> None:
+    table = inp.kwargs["block_table"].clone()
+    table[-1, -1] = -1
+    inp.kwargs["block_table"] = table
+
+
+def _alibi_wrong_shape(inp: KernelInputs) -> None:
+    slopes = inp.kwargs["alibi_slopes"]
+    inp.kwargs["alibi_slopes"] = torch.cat([slopes, slopes[..., :1]], dim=-1)
+
+
+def _window_below(inp: KernelInputs) -> None:
+    inp.kwargs["window_size"] = (-2, inp.kwargs["window_size"][1])
+
+
+def _softcap_negative(inp: KernelInputs) -> None:
+    inp.kwargs["softcap"] = -inp.kwargs["softcap"]
+
+
+def _sinks_wrong_shape(inp: KernelInputs) -> None:
+    z = inp.kwargs["sinks"].detach()
+    inp.kwargs["sinks"] = torch.cat([z, z[:1]])
+
+
+#: name -> (the variant whose inputs it breaks, the corruption, applied in place).
+MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
+    "cu_seqlens not monotone": ("varlen", _cu_not_monotone),
+    "cu_seqlens_k not ending at Tk": ("varlen", _cu_short_end),
+    "cu_seqlens_q not starting at 0": ("varlen", _cu_bad_start),
+    "cu_seqlens int64": ("varlen", _cu_int64),
+    "cu_seqlens_q and cu_seqlens_k lengths differ": ("varlen", _cu_lengths_differ),
+    "max_seqlen_q below a sequence's length": ("varlen", _max_seqlen_small),
+    "cache_seqlens above capacity": ("kvcache", _cache_over_capacity),
+    "cache_seqlens negative": ("kvcache", _cache_negative),
+    "cache_seqlens int64": ("kvcache", _cache_int64),
+    "block_table past the last page": ("paged", _table_out_of_range),
+    "block_table negative": ("paged", _table_negative),
+    "alibi_slopes of the wrong length": ("alibi", _alibi_wrong_shape),
+    "window_size below -1": ("window", _window_below),
+    "softcap negative": ("softcap", _softcap_negative),
+    "sinks of the wrong length": ("sinks", _sinks_wrong_shape),
+}
+
+
+def malformed_for(caps: Capabilities) -> list[str]:
+    """The malformed inputs that apply to what the kernel declares."""
+    return [name for name, (variant, _) in MALFORMED.items() if caps.declares_variant(variant)]
