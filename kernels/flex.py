@@ -3,20 +3,55 @@
 Causal masking is a ``mask_mod`` with DESIGN.md's bottom-right alignment
 (``kv_idx <= q_idx + Nk - Nq``), so Flex is judged by the same convention as the fused kernels.
 It returns the lse (``return_lse=True``; natural log).
+
+Variants (``docs/variants.md``), each through Flex's own hooks, bottom-right aligned
+(``c = Nk - Nq``; for varlen, each sequence's own ``c``):
+
+    window_size    mask_mod ``q_idx + c - left <= kv_idx <= q_idx + c + right`` (a side of -1 is
+                   open; ``causal`` caps the right side at 0)
+    softcap        score_mod ``s -> softcap * tanh(s / softcap)``
+    alibi_slopes   score_mod after the softcap ``s -> s - slope * |q_idx + c - kv_idx|``, the
+                   slope indexed ``[h]`` for (Hq,) slopes, ``[b, h]`` for (B, Hq)
+    varlen         ``fn.varlen`` (``flash_attn_varlen_func``'s signature): the packed tokens as one
+                   batch element under a document mask built from ``cu_seqlens`` (each token's
+                   sequence, the sequences' starts and offsets ``Nk_s - Nq_s``), so a query sees
+                   only keys of its own sequence, with causal, window and ALiBi at that sequence's
+                   bottom-right diagonal; returns o (Tq, Hq, Dv) and lse (Hq, Tq)
+
+Flex differentiates through its mods, so the backward of all four is declared. Undeclared:
+sinks (``flex_attention`` has no extra term in the softmax denominator: a score_mod rewrites
+scores of real keys only) and KV-cache decode (no ``fn.kvcache``: ``flex_attention`` takes dense
+tensors and no cache lengths or block table).
+
+Compiled-code reuse: the mods close over tensors (window edges, offsets, the softcap, ALiBi
+slopes, document ids), which the compiled kernel takes as inputs, so a new window, offset or
+softcap is new data, not a recompilation (Python numbers in a closure are specialised on: a
+recompilation per value). Block masks are built with ``create_block_mask`` once per (mask,
+shapes) and cached.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 
-from kernels.capabilities import Capabilities, Limit
+from kernels.capabilities import ALIBI_SHAPES, Capabilities, Limit
+from kernels.validate import check_alibi, check_cu_seqlens, check_packed, check_softcap, check_window
 
 try:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - very old torch
     flex_attention = None
+
+#: ``(q_idx, kv_idx) -> (diag, key)``: the key on query ``q_idx``'s (bottom-right) diagonal and the
+#: key's position, both within the query's sequence.
+Coords = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: An open window side: farther than any sequence (and far from int32 overflow).
+_OPEN = 2**30
 
 
 def unavailable_reason() -> str | None:
@@ -46,18 +81,46 @@ def _compiled():
     return torch.compile(flex_attention, dynamic=None)
 
 
-@functools.lru_cache(maxsize=64)
-def _causal_block_mask(nq: int, nk: int, device: str):
-    offset = nk - nq
-
-    def bottom_right(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + offset
-
-    return create_block_mask(bottom_right, None, None, nq, nk, device=device)
+def _int(value: int, device: str) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.int32, device=device)
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
-    """FlexAttention ``(o, lse)`` with bottom-right causal masking."""
+def _band(coords: Coords, causal: bool, window: tuple[int, int] | None, device: str) -> MaskMod | None:
+    """Causal and window visibility ``diag - left <= key <= diag + right``; ``None``: all visible."""
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0
+    if left < 0 and right < 0:
+        return None
+    lo, hi = _int(left if left >= 0 else _OPEN, device), _int(right if right >= 0 else _OPEN, device)
+
+    def band(b, h, q_idx, kv_idx):
+        diag, key = coords(q_idx, kv_idx)
+        return (key >= diag - lo) & (key <= diag + hi)
+
+    return band
+
+
+def _score_mod(
+    coords: Coords, softcap: float, slope: Callable[..., torch.Tensor] | None, device: str
+) -> ScoreMod | None:
+    """Softcap, then ALiBi ``- slope(b, h, q_idx) * |diag - key|``; ``None``: the identity."""
+    if not softcap and slope is None:
+        return None
+    cap = torch.tensor(softcap, dtype=torch.float32, device=device) if softcap else None
+
+    def modified(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if slope is not None:
+            diag, key = coords(q_idx, kv_idx)
+            score = score - slope(b, h, q_idx).to(score.dtype) * (diag - key).abs().to(score.dtype)
+        return score
+
+    return modified
+
+
+def _check(q: torch.Tensor, v: torch.Tensor) -> None:
     if q.device.type != "cuda":
         raise NotImplementedError("the flex adapter runs compiled FlexAttention on CUDA only")
     caps = attention.capabilities
@@ -69,11 +132,195 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
         raise NotImplementedError(
             f"flex adapter: head dims D={q.shape[-1]}, Dv={v.shape[-1]} not in {sorted(caps.head_dims)}"
         )
-    block_mask = _causal_block_mask(q.shape[2], k.shape[2], str(q.device)) if causal else None
-    o, lse = _compiled()(
-        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=q.shape[1] != k.shape[1], return_lse=True
+
+
+def _flex(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    score_mod: ScoreMod | None,
+    block_mask: BlockMask | None,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of flex_attention on (B, H, N, D) tensors."""
+    if q.shape[2] == 0 or k.shape[2] == 0:  # flex_attention fails with an IndexError
+        raise NotImplementedError(
+            f"flex_attention takes no empty sequence (Nq={q.shape[2]}, Nk={k.shape[2]})"
+        )
+    return _compiled()(
+        q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+        enable_gqa=q.shape[1] != k.shape[1], return_lse=True,
     )
-    return o, lse
+
+
+# ----------------------------------------------------------------------------- dense
+@functools.lru_cache(maxsize=64)
+def _dense_coords(nq: int, nk: int, device: str) -> Coords:
+    offset = _int(nk - nq, device)
+
+    def coords(q_idx, kv_idx):
+        return q_idx + offset, kv_idx
+
+    return coords
+
+
+@functools.lru_cache(maxsize=64)
+def _dense_block_mask(
+    nq: int, nk: int, causal: bool, window: tuple[int, int] | None, device: str
+) -> BlockMask | None:
+    band = _band(_dense_coords(nq, nk, device), causal, window, device)
+    return None if band is None else create_block_mask(band, None, None, nq, nk, device=device)
+
+
+def _dense(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    scale: float | None,
+    window_size: tuple[int, int] | None,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dense entry point's work, after the device checks."""
+    window = None if window_size is None else check_window(window_size)
+    softcap = check_softcap(softcap)
+    b, hq, nq, _ = q.shape
+    nk, device = k.shape[2], str(q.device)
+    slope = None
+    if alibi_slopes is not None:
+        slopes = check_alibi(alibi_slopes, b, hq, q.device)
+        slope = (lambda b, h, q_idx: slopes[h]) if slopes.dim() == 1 else (lambda b, h, q_idx: slopes[b, h])
+    score_mod = _score_mod(_dense_coords(nq, nk, device), softcap, slope, device)
+    return _flex(q, k, v, score_mod, _dense_block_mask(nq, nk, causal, window, device), scale)
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlexAttention ``(o, lse)``, bottom-right causal, with window, softcap and ALiBi."""
+    _check(q, v)
+    return _dense(
+        q, k, v, causal=causal, scale=scale, window_size=window_size, softcap=softcap,
+        alibi_slopes=alibi_slopes,
+    )
+
+
+# ----------------------------------------------------------------------------- varlen
+class _Documents:
+    """The packed sequences of ``cu_seqlens``: each token's sequence (``doc_q``, ``doc_k``) and,
+    per sequence, its first query and key and its offset ``Nk_s - Nq_s``."""
+
+    def __init__(self, cu_q: tuple[int, ...], cu_k: tuple[int, ...], device: str) -> None:
+        cq, ck = (torch.tensor(cu, dtype=torch.int32, device=device) for cu in (cu_q, cu_k))
+        nq, nk = cq.diff(), ck.diff()
+        seqs = torch.arange(len(nq), dtype=torch.int32, device=device)
+        self.doc_q = torch.repeat_interleave(seqs, nq, output_size=cu_q[-1])
+        self.doc_k = torch.repeat_interleave(seqs, nk, output_size=cu_k[-1])
+        self.q_start, self.k_start, self.offset = cq[:-1], ck[:-1], nk - nq
+        self.shape = (cu_q[-1], cu_k[-1])
+
+    def coords(self) -> Coords:
+        doc_q, q_start, k_start, offset = self.doc_q, self.q_start, self.k_start, self.offset
+
+        def coords(q_idx, kv_idx):
+            doc = doc_q[q_idx]
+            return q_idx - q_start[doc] + offset[doc], kv_idx - k_start[doc]
+
+        return coords
+
+    def same(self) -> MaskMod:
+        doc_q, doc_k = self.doc_q, self.doc_k
+
+        def same_sequence(b, h, q_idx, kv_idx):
+            return doc_q[q_idx] == doc_k[kv_idx]
+
+        return same_sequence
+
+
+@functools.lru_cache(maxsize=64)
+def _documents(cu_q: tuple[int, ...], cu_k: tuple[int, ...], device: str) -> _Documents:
+    return _Documents(cu_q, cu_k, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _document_block_mask(
+    cu_q: tuple[int, ...], cu_k: tuple[int, ...], causal: bool, window: tuple[int, int] | None, device: str
+) -> BlockMask:
+    docs = _documents(cu_q, cu_k, device)
+    band = _band(docs.coords(), causal, window, device)
+    mask = docs.same() if band is None else and_masks(docs.same(), band)
+    return create_block_mask(mask, None, None, *docs.shape, device=device)
+
+
+def _varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool,
+    scale: float | None,
+    window_size: tuple[int, int] | None,
+    softcap: float,
+    alibi_slopes: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The varlen entry point's work, after the device checks."""
+    check_packed(q, k, v)
+    n_seq = check_cu_seqlens(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device
+    )
+    window = None if window_size is None else check_window(window_size)
+    softcap = check_softcap(softcap)
+    device = str(q.device)
+    cu_q, cu_k = tuple(cu_seqlens_q.tolist()), tuple(cu_seqlens_k.tolist())
+    docs = _documents(cu_q, cu_k, device)
+    slope = None
+    if alibi_slopes is not None:
+        slopes = check_alibi(alibi_slopes, n_seq, q.shape[1], q.device)
+        doc_q = docs.doc_q
+        slope = (lambda b, h, q_idx: slopes[h]) if slopes.dim() == 1 else (
+            lambda b, h, q_idx: slopes[doc_q[q_idx], h]
+        )
+    score_mod = _score_mod(docs.coords(), softcap, slope, device)
+    block_mask = _document_block_mask(cu_q, cu_k, causal, window, device)
+    o, lse = _flex(*(t.transpose(0, 1)[None] for t in (q, k, v)), score_mod, block_mask, scale)
+    return o[0].transpose(0, 1), lse[0]
+
+
+def varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv), lse (Hq, Tq)."""
+    _check(q, v)
+    return _varlen(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
+        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+    )
 
 
 #: Found by flashprop on the H200 (torch 2.11.0+cu130): for GQA with a causal block mask under
@@ -88,10 +335,16 @@ GQA_CAUSAL_NO_CHOICES = Limit(
     raises=False,
 )
 
+attention.varlen = varlen
 attention.capabilities = Capabilities(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     head_dims=frozenset({16, 32, 64, 128, 256}),
     devices=frozenset({"cuda"}),
     fp32_matmul="tf32",
     limits=(GQA_CAUSAL_NO_CHOICES,),
+    window=True,
+    softcap=True,
+    alibi=ALIBI_SHAPES,
+    varlen=True,
+    variant_backward=frozenset({"window", "softcap", "alibi", "varlen"}),
 )

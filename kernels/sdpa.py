@@ -5,18 +5,60 @@ backend supports. SDPA's ``is_causal`` is top-left aligned (query i sees key j i
 the adapters declare ``causal_alignment="top-left"`` and the reference follows. SDPA returns no
 lse. A problem the pinned backend refuses ("No available kernel") is re-raised as
 ``NotImplementedError`` naming the backend: a clear refusal under the error contract.
+
+Variants (``docs/variants.md``). SDPA's one handle on the logits is ``attn_mask``: a bool
+visibility mask or an additive float bias (in the query dtype). The backends that take a mask
+(math, efficient, cuDNN) declare the variants a mask expresses, all with the top-left diagonal
+(query i's diagonal key is key i; ``c = 0`` in the contract's formulas):
+
+    window_size    a bool mask ``i - left <= j <= i + right``; with ``causal`` also ``j <= i``
+                   (built into the mask: SDPA is not given ``is_causal`` and a mask together)
+    alibi_slopes   the float bias ``-slope * |i - j|``, ``-inf`` where a key is not visible;
+                   slopes of shape (Hq,) or (B, Hq)
+    varlen         ``fn.varlen`` (``flash_attn_varlen_func``'s signature): the packed tokens as
+                   one batch element with a block-diagonal mask, each sequence's block with its
+                   own causal / window / ALiBi at its own top-left diagonal; returns o (Tq, Hq, Dv)
+    KV-cache       ``fn.kvcache`` (``flash_attn_with_kvcache``'s signature), forward only: the
+                   cache, read through ``block_table`` when paged, gathered densely up to the
+                   longest ``cache_seqlens``; entries past a sequence's length are zeroed (a NaN
+                   key behind a mask still poisons SDPA's row: the mask is added to the logit)
+                   and masked. No split-KV: ``num_splits`` 0 or 1 (``max_splits=1``). The one
+                   declared alignment holds here too: with ``causal`` query i of the Nq new
+                   queries sees cache keys j <= i (the golden follows the declaration)
+
+Gradients of window, ALiBi and varlen are SDPA's own backward through the mask (autograd for
+math), so they are declared. Softcap (a nonlinear rewrite of each logit, not an additive bias)
+and sinks (an extra softmax term with no key) have no SDPA form: undeclared, and the entry
+points do not take those keywords (``TypeError``). The flash backend takes no mask at all: it
+declares no variant.
+
+A row that sees no key gives o = 0: SDPA's convention since PyTorch 2.5 (``_safe_softmax`` for
+math, and the fused kernels updated to match: pytorch#133882) and the suite's. The math backend does so in
+torch 2.13 on the CPU (bool and ``-inf`` masks, with finite gradients), so the mask is passed as
+is; a fused backend that does not is a finding. PyTorch's dispatcher check
+(``torch.backends.cuda.can_use_*_attention``) is asked with the mask each entry point builds, so
+problems a backend refuses with that mask are undeclared limits.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from kernels.capabilities import Capabilities, Limit
+from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
+from kernels.validate import (
+    check_alibi,
+    check_cache,
+    check_cu_seqlens,
+    check_num_splits,
+    check_packed,
+    check_window,
+)
 
 _LOW = frozenset({torch.float16, torch.bfloat16})
 
@@ -25,23 +67,254 @@ def _cuda_reason() -> str | None:
     return None if torch.cuda.is_available() else "needs a CUDA device (torch sees none)"
 
 
-def _make(backend: SDPBackend, caps: Capabilities, doc: str) -> Callable:
-    def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
-        if q.device.type not in caps.devices:
-            raise NotImplementedError(f"SDPA {backend.name} does not run on {q.device.type}")
-        if q.dtype not in caps.dtypes:
-            raise TypeError(f"SDPA {backend.name} does not take {q.dtype}")
+@dataclass(frozen=True)
+class _Call:
+    """One SDPA call on (B, H, N, D) tensors: what an entry point asks of the backend."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    attn_mask: torch.Tensor | None = None
+    is_causal: bool = False
+    scale: float | None = None
+
+    @property
+    def enable_gqa(self) -> bool:
+        return self.q.shape[1] != self.k.shape[1]
+
+
+def _both(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
+    return b if a is None else a & b
+
+
+def _attn_mask(
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    *,
+    causal: bool,
+    window: tuple[int, int] | None,
+    slopes: torch.Tensor | None,
+    keep: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """SDPA's ``attn_mask`` for queries at positions ``rows`` and keys at positions ``cols``
+    within their own sequence (broadcastable 4-d integer tensors; top-left: query i's diagonal
+    key is key i); ``None`` when every key is visible and there is no bias.
+
+    Key j is visible from query i where ``keep`` holds (the same sequence, inside the cache;
+    ``None``: everywhere) and ``i - left <= j <= i + right`` (-1: that side open; ``causal``
+    caps the right side at 0). Without ``slopes`` that is the bool mask; with ALiBi ``slopes``
+    (broadcastable against ``(B, Hq, Nq, Nk)``) it is the bias ``-slope * |i - j|`` in
+    ``dtype``, ``-inf`` where not visible.
+    """
+    left, right = (-1, -1) if window is None else window
+    if causal:
+        right = 0
+    offset = cols - rows  # j - i
+    visible = keep
+    if right >= 0:
+        visible = _both(visible, offset <= right)
+    if left >= 0:
+        visible = _both(visible, offset >= -left)
+    if slopes is None:
+        return visible
+    work = torch.float64 if dtype == torch.float64 else torch.float32  # round the bias once
+    bias = (-slopes.to(work) * offset.abs().to(work)).to(dtype)
+    return bias if visible is None else bias.masked_fill(~visible, float("-inf"))
+
+
+def _positions(n: int, dim: int, device: torch.device) -> torch.Tensor:
+    """``0..n-1`` along dimension ``dim`` of a 4-d tensor."""
+    shape = [1, 1, 1, 1]
+    shape[dim] = n
+    return torch.arange(n, device=device).view(shape)
+
+
+def _head_slopes(alibi_slopes: torch.Tensor, heads: int) -> torch.Tensor:
+    """Slopes (Hq,) or (B, Hq) as (1 or B, Hq, 1, 1)."""
+    return alibi_slopes.reshape(-1, heads, 1, 1)
+
+
+def _plain_call(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
+) -> _Call:
+    return _Call(q, k, v, None, causal, scale)
+
+
+def _dense_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> _Call:
+    """Dense (B, H, N, D) inputs; causal alone stays SDPA's ``is_causal``, a window or ALiBi
+    becomes a mask with the causal edge in it."""
+    if window_size is None and alibi_slopes is None:
+        return _plain_call(q, k, v, causal=causal, scale=scale)
+    window = None if window_size is None else check_window(window_size)
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = _head_slopes(check_alibi(alibi_slopes, q.shape[0], q.shape[1], q.device), q.shape[1])
+    rows, cols = _positions(q.shape[2], 2, q.device), _positions(k.shape[2], 3, q.device)
+    mask = _attn_mask(rows, cols, causal=causal, window=window, slopes=slopes, keep=None, dtype=q.dtype)
+    return _Call(q, k, v, mask, causal and mask is None, scale)
+
+
+def _sequence_positions(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per packed token: its sequence and its position within the sequence."""
+    lengths = cu_seqlens.diff().long()
+    device = cu_seqlens.device
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=device), lengths, output_size=total)
+    return seq, torch.arange(total, device=device) - cu_seqlens.long()[seq]
+
+
+def _varlen_call(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> _Call:
+    """Packed (T, H, D) inputs as one batch element (1, H, T, D) with a block-diagonal mask."""
+    check_packed(q, k, v)
+    tq, hq = q.shape[:2]
+    n_seq = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, tq, k.shape[0], max_seqlen_q, max_seqlen_k, q.device)
+    window = None if window_size is None else check_window(window_size)
+    seq_q, pos_q = _sequence_positions(cu_seqlens_q, tq)
+    seq_k, pos_k = _sequence_positions(cu_seqlens_k, k.shape[0])
+    slopes = None
+    if alibi_slopes is not None:
+        check_alibi(alibi_slopes, n_seq, hq, q.device)
+        # (Hq,) slopes are shared; of (B, Hq) slopes each query row takes its sequence's row
+        shared = alibi_slopes.dim() == 1
+        slopes = _head_slopes(alibi_slopes, hq) if shared else alibi_slopes[seq_q].T[None, :, :, None]
+    mask = _attn_mask(
+        pos_q.view(1, 1, -1, 1),
+        pos_k.view(1, 1, 1, -1),
+        causal=causal,
+        window=window,
+        slopes=slopes,
+        keep=seq_q.view(1, 1, -1, 1) == seq_k.view(1, 1, 1, -1),
+        dtype=q.dtype,
+    )
+    return _Call(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask, False, scale)
+
+
+def _gather(cache: torch.Tensor, block_table: torch.Tensor | None, length: int) -> torch.Tensor:
+    """(B, length, Hkv, D): each batch element's first ``length`` cache positions."""
+    if block_table is None:
+        return cache[:, :length]
+    pages = -(-length // cache.shape[1])
+    return cache[block_table[:, :pages].long()].flatten(1, 2)[:, :length]
+
+
+def _kvcache_call(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cache_seqlens: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    num_splits: int = 0,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> _Call:
+    """Decode inputs (B, Nq, H, D) against the gathered cache, keys past each length masked."""
+    check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    check_num_splits(num_splits, max_splits=1)
+    window = None if window_size is None else check_window(window_size)
+    b, nq, hq, _ = q.shape
+    slopes = None
+    if alibi_slopes is not None:
+        slopes = _head_slopes(check_alibi(alibi_slopes, b, hq, q.device), hq)
+    length = int(cache_seqlens.max()) if b else 0
+    inside = torch.arange(length, device=q.device) < cache_seqlens[:, None]  # (B, length)
+    k, v = (
+        _gather(c, block_table, length).masked_fill(~inside[:, :, None, None], 0).transpose(1, 2)
+        for c in (k_cache, v_cache)
+    )
+    mask = _attn_mask(
+        _positions(nq, 2, q.device),
+        _positions(length, 3, q.device),
+        causal=causal,
+        window=window,
+        slopes=slopes,
+        keep=inside[:, None, None, :],
+        dtype=q.dtype,
+    )
+    return _Call(q.transpose(1, 2), k, v, mask, False, scale)
+
+
+#: The calls each kind of adapter makes, per entry point (``Problem.mode``).
+_MASKED_CALLS: Mapping[str, Callable[..., _Call]] = {
+    "dense": _dense_call,
+    "varlen": _varlen_call,
+    "kvcache": _kvcache_call,
+}
+_PLAIN_CALLS: Mapping[str, Callable[..., _Call]] = {"dense": _plain_call}
+#: What a backend that takes a mask declares beyond the dense contract.
+_MASK_VARIANTS = dict(
+    window=True,
+    alibi=ALIBI_SHAPES,
+    varlen=True,
+    kvcache=KVCache(contiguous=True, page_sizes=(1, 16, 64, 256), max_splits=1),
+    variant_backward=frozenset({"window", "alibi", "varlen"}),
+)
+
+
+def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Callable:
+    """The adapter ``name`` of ``backend``: its entry points pin the backend; the error messages
+    of Python's own keyword check (an undeclared variant) name the entry point."""
+
+    def run(call: _Call) -> torch.Tensor:
+        if call.q.device.type not in caps.devices:
+            raise NotImplementedError(f"SDPA {backend.name} does not run on {call.q.device.type}")
+        if call.q.dtype not in caps.dtypes:
+            raise TypeError(f"SDPA {backend.name} does not take {call.q.dtype}")
         try:
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(
-                    q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+                    call.q, call.k, call.v, attn_mask=call.attn_mask, is_causal=call.is_causal,
+                    scale=call.scale, enable_gqa=call.enable_gqa,
                 )
         except RuntimeError as err:
             if "No available kernel" in str(err):
                 raise NotImplementedError(f"SDPA {backend.name} refused the problem: {err}") from err
             raise
 
+    if caps.window:  # a backend that takes a mask: every variant a mask expresses
+        attention = _with_masks(run)
+    else:
+
+        def attention(
+            q: torch.Tensor,
+            k: torch.Tensor,
+            v: torch.Tensor,
+            *,
+            causal: bool = False,
+            scale: float | None = None,
+        ) -> torch.Tensor:
+            return run(_plain_call(q, k, v, causal=causal, scale=scale))
+
     attention.__doc__ = doc
+    attention.__name__ = attention.__qualname__ = name
+    for mode in ("varlen", "kvcache"):
+        entry = getattr(attention, mode, None)
+        if entry is not None:
+            entry.__qualname__ = f"{name}.{mode}"
     attention.capabilities = caps
     if "cuda" not in caps.devices or "cpu" in caps.devices:
         return attention
@@ -49,32 +322,112 @@ def _make(backend: SDPBackend, caps: Capabilities, doc: str) -> Callable:
     return attention
 
 
+def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
+    """The dense, varlen and decode entry points of a backend that takes a mask."""
+
+    def attention(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+        window_size: tuple[int, int] | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        call = _dense_call(
+            q, k, v, causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes
+        )
+        return run(call)
+
+    def varlen(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        *,
+        causal: bool = False,
+        scale: float | None = None,
+        window_size: tuple[int, int] | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv)."""
+        call = _varlen_call(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
+        )
+        return run(call)[0].transpose(0, 1)
+
+    def kvcache(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        *,
+        cache_seqlens: torch.Tensor,
+        block_table: torch.Tensor | None = None,
+        num_splits: int = 0,
+        causal: bool = False,
+        scale: float | None = None,
+        window_size: tuple[int, int] | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """KV-cache decode (``flash_attn_with_kvcache``), forward only: o (B, Nq, Hq, Dv)."""
+        call = _kvcache_call(
+            q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
+            causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
+        )
+        return run(call).transpose(1, 2)
+
+    attention.varlen = varlen
+    attention.kvcache = kvcache
+    return attention
+
+
 sdpa_math = _make(
+    "sdpa_math",
     SDPBackend.MATH,
-    Capabilities(causal_alignment="top-left", returns_lse=False),
-    "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype.",
+    Capabilities(causal_alignment="top-left", returns_lse=False, **_MASK_VARIANTS),
+    "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype; variants as masks.",
 )
-def _dispatcher_limit(backend: str, can_use_name: str) -> Limit:
+
+
+def _dispatcher_limit(backend: str, can_use_name: str, calls: Mapping[str, Callable[..., _Call]]) -> Limit:
     """Problems PyTorch's own SDPA dispatcher check rejects for ``backend``.
 
     ``torch.backends.cuda.can_use_*_attention`` is the check behind "No available kernel"; its
     rules change between releases (on the H200, torch 2.11: flash refuses causal with
     Nq != Nk and a last-dim stride != 1; efficient refuses D or Dv not a multiple of 8 in
     fp16/bf16 (4 in fp32) and GQA; cuDNN refuses Nk = 1 and more), so the adapters ask it
-    rather than copy its rules. Refused problems are undeclared: the error-contract property
+    rather than copy its rules. It is asked about the very call the adapter makes (``calls``:
+    per entry point, the tensors, the mask and the flags), so mask-dependent refusals are
+    covered; a problem the adapter refuses itself (an undeclared variant, an entry point it does
+    not have) is not asked about. Refused problems are undeclared: the error-contract property
     checks that they raise (NotImplementedError), every other property skips them. The check
-    is asked with gradients on, so the refusal covers backward-only restrictions too.
+    is asked with gradients on (decode has no backward), so the refusal covers backward-only
+    restrictions too.
     """
     can_use = getattr(torch.backends.cuda, can_use_name, None)
 
     def applies(p) -> bool:
-        if can_use is None or p.device != "cuda" or not torch.cuda.is_available():
+        build = calls.get(p.mode)
+        if can_use is None or build is None or p.device != "cuda" or not torch.cuda.is_available():
             return False
-        q, k, v = p.inputs(requires_grad=p.dtype.is_floating_point)
+        inp = p.kernel_inputs(requires_grad=p.cache is None)
         try:
-            params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, p.causal, p.hq != p.hkv)
+            call = build(*inp.args, causal=p.causal, scale=p.scale, **inp.kwargs)
+        except (TypeError, ValueError, NotImplementedError):
+            return False
+        try:
+            params = torch.backends.cuda.SDPAParams(
+                call.q, call.k, call.v, call.attn_mask, 0.0, call.is_causal, call.enable_gqa
+            )
         except TypeError:  # releases before enable_gqa
-            params = torch.backends.cuda.SDPAParams(q, k, v, None, 0.0, p.causal)
+            params = torch.backends.cuda.SDPAParams(
+                call.q, call.k, call.v, call.attn_mask, 0.0, call.is_causal
+            )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return not can_use(params, False)
@@ -116,6 +469,7 @@ EFFICIENT_MISALIGNED_VIEWS = _misaligned_views(
 )
 
 sdpa_flash = _make(
+    "sdpa_flash",
     SDPBackend.FLASH_ATTENTION,
     Capabilities(
         dtypes=_LOW,
@@ -125,11 +479,13 @@ sdpa_flash = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
-        limits=(FLASH_MISALIGNED_VIEWS, _dispatcher_limit("flash", "can_use_flash_attention")),
+        limits=(FLASH_MISALIGNED_VIEWS, _dispatcher_limit("flash", "can_use_flash_attention", _PLAIN_CALLS)),
+        variant_backward=frozenset(),
     ),
-    "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16.",
+    "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16; takes no mask, so no variant.",
 )
 sdpa_efficient = _make(
+    "sdpa_efficient",
     SDPBackend.EFFICIENT_ATTENTION,
     Capabilities(
         dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
@@ -139,12 +495,14 @@ sdpa_efficient = _make(
         devices=frozenset({"cuda"}),
         limits=(
             EFFICIENT_MISALIGNED_VIEWS,
-            _dispatcher_limit("efficient", "can_use_efficient_attention"),
+            _dispatcher_limit("efficient", "can_use_efficient_attention", _MASKED_CALLS),
         ),
+        **_MASK_VARIANTS,
     ),
-    "SDPA memory-efficient backend (xformers cutlass kernels), CUDA fp16/bf16/fp32.",
+    "SDPA memory-efficient backend (xformers cutlass kernels), CUDA fp16/bf16/fp32; variants as masks.",
 )
 sdpa_cudnn = _make(
+    "sdpa_cudnn",
     SDPBackend.CUDNN_ATTENTION,
     Capabilities(
         dtypes=_LOW,
@@ -153,7 +511,8 @@ sdpa_cudnn = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
-        limits=(CUDNN_MISALIGNED_VIEWS, _dispatcher_limit("cuDNN", "can_use_cudnn_attention")),
+        limits=(CUDNN_MISALIGNED_VIEWS, _dispatcher_limit("cuDNN", "can_use_cudnn_attention", _MASKED_CALLS)),
+        **_MASK_VARIANTS,
     ),
-    "SDPA cuDNN backend (FlashAttention-3 class on Hopper), CUDA fp16/bf16.",
+    "SDPA cuDNN backend (FlashAttention-3 class on Hopper), CUDA fp16/bf16; variants as masks.",
 )

@@ -10,6 +10,11 @@
 3. A table (mutant, class, caught, property, examples, seconds, problem) is printed and, with
    ``--out``, written as markdown. Exit status 1 if a correct kernel fails or a mutant survives.
 
+In the default ``tox`` run the ``py`` environment has just run the same CI-profile suite on the
+correct kernels; it leaves a pass record (``--write-pass-record``), and ``--baseline-record``
+takes the baseline from it instead of running it twice, provided the record is newer than every
+source file and names every correct kernel. ``tox -e mutants`` alone runs the baseline.
+
 Property files run cheapest and most discriminating first (:data:`FIRST`), gradcheck and the
 error contract last (slow, or blind to wrong arithmetic), so that time to catch stays low.
 ``--jobs`` subprocesses run at once (default: one per CPU core), each with its share of the
@@ -35,7 +40,13 @@ from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
 
 #: Property files that run first, in this order (cheap, and between them they see most bug
 #: classes); the rest follow alphabetically, then LAST (slow, or blind to wrong arithmetic).
-FIRST = ("test_golden.py", "test_robustness.py", "test_determinism.py", "test_precision.py")
+FIRST = (
+    "test_golden.py",
+    "test_variants.py",
+    "test_robustness.py",
+    "test_determinism.py",
+    "test_precision.py",
+)
 LAST = ("test_gradcheck.py", "test_error_contract.py")
 CORRECT_KERNELS = ("triton", "ref-blocked")  # slowest first
 
@@ -152,6 +163,21 @@ def run_mutant(mutant: Mutant, budget: float, threads: int, shrink_seconds: floa
     )
 
 
+def write_pass_record(path: Path, kernels: list[str]) -> None:
+    """Record that the CI-profile suite just passed on ``kernels`` (written only after it did)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"kernels": kernels, "profile": "ci"}))
+
+
+def recorded_pass(path: Path) -> bool:
+    """Whether ``path`` records a pass of every correct kernel, newer than every source file."""
+    if not path.is_file():
+        return False
+    newest = max(f.stat().st_mtime for f in ROOT.rglob("*.py") if ".tox" not in f.parts)
+    record = json.loads(path.read_text())
+    return path.stat().st_mtime > newest and set(CORRECT_KERNELS) <= set(record.get("kernels", []))
+
+
 def _fmt(value: float | int | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -233,7 +259,26 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="skip the correct-kernel fuzz job (for debugging a mutant)",
     )
+    parser.add_argument(
+        "--baseline-record",
+        type=Path,
+        help="take the correct-kernel baseline from this pass record when it is current",
+    )
+    parser.add_argument(
+        "--write-pass-record",
+        type=Path,
+        metavar="PATH",
+        help="only write a pass record of --kernels to PATH (after the suite passed) and exit",
+    )
+    parser.add_argument("--kernels", nargs="*", default=[], help="kernels a pass record names")
     args = parser.parse_args(argv)
+    if args.write_pass_record is not None:
+        write_pass_record(args.write_pass_record, args.kernels)
+        return 0
+    if args.baseline_record is not None and recorded_pass(args.baseline_record):
+        print(f"correct kernels {', '.join(CORRECT_KERNELS)}: passed the same CI-profile suite "
+              f"(pass record {args.baseline_record}); baseline not rerun", flush=True)
+        args.skip_baseline = True
     threads = max(1, (os.cpu_count() or 1) // args.jobs)
     selected = [m for m in MUTANTS if args.only is None or m.name in args.only]
     for mutant in selected:

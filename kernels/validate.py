@@ -1,0 +1,180 @@
+"""Checks of variant inputs (``docs/variants.md``) shared by the adapters.
+
+Each function raises ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong shape or value)
+with a message naming the argument and what is wrong, so a malformed call is a clear refusal
+under the error contract instead of a wrong answer or an obscure failure deeper down. The checks
+of index tensors read their values on the host (a device synchronisation, once per call).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _index_tensor(t: object, name: str, device: torch.device) -> torch.Tensor:
+    """``t`` as an int32 tensor on ``device``, or a TypeError/ValueError naming ``name``."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an int32 tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} must be int32, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the queries on {device}")
+    return t
+
+
+def check_window(window_size: object) -> tuple[int, int]:
+    """``window_size`` as ``(left, right)``: a pair of ints, each >= -1 (-1: unbounded side)."""
+    if not isinstance(window_size, tuple | list) or len(window_size) != 2:
+        raise TypeError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
+    left, right = window_size
+    if not (_is_int(left) and _is_int(right)):
+        raise TypeError(f"window_size must be a pair of ints, got {window_size!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size sides must be >= -1 (-1: unbounded), got {window_size!r}")
+    return left, right
+
+
+def check_softcap(softcap: object) -> float:
+    """``softcap`` as a float: a finite number >= 0 (0: off)."""
+    if not isinstance(softcap, int | float) or isinstance(softcap, bool):
+        raise TypeError(f"softcap must be a number, got {type(softcap).__name__}")
+    if not 0.0 <= softcap < float("inf"):
+        raise ValueError(f"softcap must be finite and >= 0 (0: off), got {softcap!r}")
+    return float(softcap)
+
+
+def check_alibi(alibi_slopes: object, batch: int, heads: int, device: torch.device) -> torch.Tensor:
+    """``alibi_slopes``: a float32 tensor of shape ``(heads,)`` or ``(batch, heads)`` on ``device``."""
+    if not isinstance(alibi_slopes, torch.Tensor):
+        raise TypeError(f"alibi_slopes must be a float32 tensor, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype != torch.float32:
+        raise TypeError(f"alibi_slopes must be float32, got {alibi_slopes.dtype}")
+    if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+        raise ValueError(
+            f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}) (Hq or B, Hq), "
+            f"got {tuple(alibi_slopes.shape)}"
+        )
+    if alibi_slopes.device != device:
+        raise ValueError(f"alibi_slopes is on {alibi_slopes.device}, the queries on {device}")
+    return alibi_slopes
+
+
+def check_num_splits(num_splits: object, max_splits: int) -> int:
+    """Decode's ``num_splits``: an int >= 0 (0: the kernel chooses); more than ``max_splits`` (what
+    the kernel declares) raises ``NotImplementedError``."""
+    if not _is_int(num_splits):
+        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__}")
+    if num_splits < 0:
+        raise ValueError(f"num_splits must be >= 0 (0: the kernel chooses), got {num_splits}")
+    if num_splits > max_splits:
+        raise NotImplementedError(f"num_splits={num_splits}: at most {max_splits} split(s) supported")
+    return num_splits
+
+
+def check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Varlen tensors: token-major q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), Hq % Hkv == 0."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(
+            f"varlen q, k, v must be 3-d (T, H, D), got {q.dim()}, {k.dim()}, {v.dim()} dims"
+        )
+    if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"incompatible varlen shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1]:
+        raise ValueError(f"Hq={q.shape[1]} is not a multiple of Hkv={k.shape[1]}")
+
+
+def _check_one_cu(cu: object, name: str, total: int, max_seqlen: object, device: torch.device) -> list[int]:
+    cu = _index_tensor(cu, name, device)
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"{name} must be 1-d of length B + 1 >= 2, got shape {tuple(cu.shape)}")
+    values = cu.tolist()
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {values[0]}")
+    lengths = [b - a for a, b in itertools.pairwise(values)]
+    if min(lengths) < 0:
+        raise ValueError(f"{name} must be non-decreasing, got {values}")
+    if values[-1] != total:
+        raise ValueError(f"{name} must end at the number of packed tokens {total}, got {values[-1]}")
+    max_name = name.replace("cu_seqlens", "max_seqlen")
+    if not _is_int(max_seqlen):
+        raise TypeError(f"{max_name} must be an int, got {type(max_seqlen).__name__}")
+    if max_seqlen < max(lengths):
+        raise ValueError(f"{max_name}={max_seqlen} is below the longest sequence ({max(lengths)} tokens)")
+    return lengths
+
+
+def check_cu_seqlens(
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    total_q: int,
+    total_k: int,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+    device: torch.device,
+) -> int:
+    """Varlen boundaries: int32, length B + 1 (the same for q and k), starting at 0,
+    non-decreasing, ending at the packed token counts; ``max_seqlen_q/k`` ints no shorter than
+    the longest sequence. Returns the number of sequences B."""
+    nq = _check_one_cu(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, device)
+    nk = _check_one_cu(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, device)
+    if len(nq) != len(nk):
+        raise ValueError(
+            "cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
+            f"got {len(nq) + 1} and {len(nk) + 1}"
+        )
+    return len(nq)
+
+
+def check_cache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: object,
+    block_table: object | None,
+) -> int:
+    """KV-cache decode inputs: q (B, Nq, Hq, D); the cache (B, Ncache, Hkv, D) contiguous, or
+    (num_pages, page_size, Hkv, D) paged with an int32 ``block_table`` (B, max_pages) of entries in
+    ``[0, num_pages)``; int32 ``cache_seqlens`` (B,) in ``[0, capacity]``. Returns the capacity
+    (Ncache, or ``max_pages * page_size``)."""
+    if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
+        raise ValueError(
+            f"decode q and caches must be 4-d, got {q.dim()}, {k_cache.dim()}, {v_cache.dim()} dims"
+        )
+    b, _, hq, d = q.shape
+    if k_cache.shape[:3] != v_cache.shape[:3] or k_cache.shape[3] != d:
+        raise ValueError(
+            f"incompatible decode shapes q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
+            f"v_cache {tuple(v_cache.shape)}"
+        )
+    hkv = k_cache.shape[2]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+    if block_table is None:
+        if k_cache.shape[0] != b:
+            raise ValueError(f"a contiguous cache needs batch {b} first, got k_cache {tuple(k_cache.shape)}")
+        capacity = k_cache.shape[1]
+    else:
+        table = _index_tensor(block_table, "block_table", q.device)
+        if table.dim() != 2 or table.shape[0] != b:
+            raise ValueError(f"block_table must have shape ({b}, max_pages), got {tuple(table.shape)}")
+        num_pages = k_cache.shape[0]
+        if table.numel() and not bool(((table >= 0) & (table < num_pages)).all()):
+            raise ValueError(
+                f"block_table entries must be page indices in [0, {num_pages}), got "
+                f"{int(table.min())}..{int(table.max())}"
+            )
+        capacity = table.shape[1] * k_cache.shape[1]
+    lengths = _index_tensor(cache_seqlens, "cache_seqlens", q.device)
+    if tuple(lengths.shape) != (b,):
+        raise ValueError(f"cache_seqlens must have shape ({b},), got {tuple(lengths.shape)}")
+    if b and not bool(((lengths >= 0) & (lengths <= capacity)).all()):
+        raise ValueError(f"cache_seqlens must be in [0, {capacity}] (the capacity), got {lengths.tolist()}")
+    return capacity
