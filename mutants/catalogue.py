@@ -84,12 +84,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "                cols = torch.arange(k0, k0 + block_n, device=q.device)\n"
         "                kj = kh[:, k0 : k0 + block_n].to(acc_t)\n"
         "                vj = vh[:, k0 : k0 + block_n].to(acc_t)\n"
-        "                s = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk)\n",
+        "                s, _ = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk, var, "
+        "h)\n",
         "                cols = torch.arange(k0, k0 + block_n, device=q.device)\n"
         "                pad = (0, 0, 0, k0 + block_n - min(nk, k0 + block_n))\n"
         "                kj = torch.nn.functional.pad(kh[:, k0 : k0 + block_n], pad).to(acc_t)\n"
         "                vj = torch.nn.functional.pad(vh[:, k0 : k0 + block_n], pad).to(acc_t)\n"
-        "                s = _scores(qi, kj, scale, rows, cols, causal, offset, k0 + block_n)\n",
+        "                s, _ = _scores(qi, kj, scale, rows, cols, causal, offset, k0 + block_n, var, h)\n",
         "tail tile not masked",
         "The ragged last key tile is zero-padded (as a masked load with other=0 pads it) but not "
         "masked, so each padded key scores 0 and takes softmax weight. Imitates jax-ml/jax#27224 "
@@ -99,8 +100,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_tail_skipped",
         BLOCKED,
-        "for k0 in range(0, _key_stop(q1, nk, causal, offset), block_n):",
-        "for k0 in range(0, _key_stop(q1, nk, causal, offset) // block_n * block_n, block_n):",
+        "for k0 in range(k_start, k_stop, block_n):",
+        "for k0 in range(k_start, k_stop // block_n * block_n, block_n):",
         "tail tile skipped",
         "The forward loop stops at the last whole key tile, so the ragged tail (and a causal "
         "diagonal that ends mid-tile) is never read. Imitates kernels that compute the loop bound "
@@ -141,8 +142,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_bwd_ignores_causal",
         BLOCKED,
-        "s = _scores(qi, kj, scale, rows, cols, causal, offset, nk)",
-        "s = _scores(qi, kj, scale, rows, cols, False, offset, nk)",
+        "s, dcap = _scores(qi, kj, scale, rows, cols, causal, offset, nk, var, h)",
+        "s, dcap = _scores(qi, kj, scale, rows, cols, False, offset, nk, var, h)",
         "backward ignores the causal flag",
         "The backward recomputes P = exp(S - lse) without the causal mask, so future keys get "
         "gradient. Imitates backward kernels that mask only the forward (the causal-backward "
@@ -224,8 +225,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_nondeterministic",
         BLOCKED,
-        "            for k0 in range(0, _key_stop(q1, nk, causal, offset), block_n):\n",
-        "            starts = list(range(0, _key_stop(q1, nk, causal, offset), block_n))\n"
+        "            for k0 in range(k_start, k_stop, block_n):\n",
+        "            starts = list(range(k_start, k_stop, block_n))\n"
         "            for k0 in [starts[i] for i in torch.randperm(len(starts)).tolist()]:\n",
         "non-deterministic results",
         "Key tiles are visited in a random order (as split-KV or atomics reduce in arrival "

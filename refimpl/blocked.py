@@ -410,10 +410,10 @@ def _sequences(
         ends = cu.tolist()
         if ends[0] != 0:
             raise ValueError(f"{name} must start at 0, got {ends[0]}")
-        if any(b < a for a, b in pairwise(ends)):
-            raise ValueError(f"{name} must be non-decreasing, got {ends}")
         if ends[-1] != total:
             raise ValueError(f"{name} must end at the number of packed tokens {total}, got {ends[-1]}")
+        if any(b < a for a, b in pairwise(ends)):
+            raise ValueError(f"{name} must be non-decreasing, got {ends}")
         lengths = [b - a for a, b in pairwise(ends)]
         if isinstance(longest, bool) or not isinstance(longest, int) or longest < max(lengths):
             raise ValueError(f"{max_name}={longest!r} is below the longest sequence ({max(lengths)})")
