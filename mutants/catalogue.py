@@ -267,6 +267,168 @@ MUTANTS: tuple[Mutant, ...] = (
         "an lse rounded to ~1e-3 relative and the returned lse breaks the float32 contract. "
         "Imitates kernels that allocate softmax_lse like the output (torch.empty_like(q[..., 0])).",
     ),
+    # ------------------------------------------------ blocked variants (refimpl/blocked.py)
+    Mutant(
+        "blocked_varlen_key_leak",
+        BLOCKED,
+        "o, lse = _BlockedAttention.apply(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), sinks, *args)",
+        "nxt = slice(sk.start, sk.stop + 1)\n"
+        "        o, lse = _BlockedAttention.apply(_bhnd(q[sq]), _bhnd(k[nxt]), _bhnd(v[nxt]), sinks, *args)",
+        "varlen sequence boundary leaks",
+        "Each packed sequence also attends to the first key of the next sequence (an inclusive end "
+        "index on cu_seqlens_k). The class of flash-attention#1042 and vllm PR #51257: keys of "
+        "another sequence visible through a boundary computed one token too far.",
+    ),
+    Mutant(
+        "blocked_cu_seqlens_off_by_one",
+        BLOCKED,
+        "return [(slice(cq[s], cq[s + 1]), slice(ck[s], ck[s + 1])) for s in range(len(cq) - 1)]",
+        "return [(slice(cq[s], cq[s + 1]), slice(ck[s] + (s > 0), ck[s + 1])) for s in range(len(cq) - 1)]",
+        "cu_seqlens off by one",
+        "Every sequence after the first starts one key late (cu_seqlens_k read as if it held "
+        "1-based starts), so its first key is never seen: the off-by-one of hand-written varlen "
+        "offset arithmetic.",
+    ),
+    Mutant(
+        "blocked_varlen_alibi_first_row",
+        BLOCKED,
+        "slopes_s = None if slopes is None else slopes[s : s + 1]",
+        "slopes_s = None if slopes is None else slopes[:1]",
+        "per-sequence parameter read from sequence 0",
+        "Per-sequence (B, Hq) ALiBi slopes are read from row 0 for every packed sequence: the "
+        "batch index of a varlen kernel taken from the program id of the first sequence.",
+    ),
+    Mutant(
+        "blocked_paged_last_page",
+        BLOCKED,
+        "page, slot = block_table[i, pos // k_cache.shape[1]].long(), pos % k_cache.shape[1]",
+        "last = max(0, length // k_cache.shape[1] - 1)\n"
+        "            page = block_table[i, torch.clamp(pos // k_cache.shape[1], max=last)].long()\n"
+        "            slot = pos % k_cache.shape[1]",
+        "last partial page mapped wrong",
+        "The logical page of a sequence's last, partially filled page is clamped to its last full "
+        "page, so the tail keys are read from the wrong physical page. Imitates paged-KV block "
+        "table indexing bugs (flash-attention PR #2711 fixed an out-of-bounds block table read).",
+    ),
+    Mutant(
+        "blocked_cache_length_ignored",
+        BLOCKED,
+        "pos = torch.arange(length, device=k_cache.device)  # the positions read: j < L_b, no others",
+        "pos = torch.arange(k_cache.shape[1] if block_table is None else block_table.shape[1] * "
+        "k_cache.shape[1], device=k_cache.device)",
+        "cache length ignored",
+        "Decode reads the whole cache capacity instead of the first cache_seqlens[b] positions, so "
+        "stale entries past the sequence (NaN in the suite) are attended to: the garbage a real "
+        "cache holds after a sequence is evicted and its pages reused.",
+    ),
+    Mutant(
+        "blocked_split_empty_nan",
+        BLOCKED,
+        "o, lse = (o_i, lse_i) if o is None else merge_partials(o, lse, o_i, lse_i)",
+        "if o is None:\n"
+        "            o, lse = o_i, lse_i\n"
+        "        else:\n"
+        "            new = torch.logaddexp(lse, lse_i)\n"
+        "            o = o * torch.exp(lse - new)[..., None] + o_i * torch.exp(lse_i - new)[..., None]\n"
+        "            lse = new",
+        "split-KV combine NaN on empty splits",
+        "The split-KV combine rescales each partial by exp(lse_s - lse) without guarding lse = -inf: "
+        "a row no split sees (an empty row) gets exp(-inf + inf) = NaN. The combine-kernel bug "
+        "class of flash-decoding implementations (splits that see no key).",
+    ),
+    Mutant(
+        "blocked_splits_drop_keys",
+        BLOCKED,
+        "per_split = -(-tiles // num_splits) * block_n  # keys per run: ceil(tiles / num_splits) tiles",
+        "per_split = tiles // num_splits * block_n",
+        "split-KV drops keys",
+        "Keys per split are floor(tiles / num_splits) tiles, so the remainder (and everything when "
+        "num_splits exceeds the key blocks) is never read. Imitates wrong output at num_splits "
+        "16/32 in GQA decode (flash-attention#1647).",
+    ),
+    Mutant(
+        "blocked_window_left_off_by_one",
+        BLOCKED,
+        "visible = visible & (cols[None, :] >= rows[:, None] + offset - left)",
+        "visible = visible & (cols[None, :] > rows[:, None] + offset - left)",
+        "window off by one",
+        "The window's left edge is exclusive: a window of `left` keys sees left - 1 (the "
+        "sliding-window regression class of flash-attention#1366).",
+    ),
+    Mutant(
+        "blocked_window_top_left",
+        BLOCKED,
+        "    if left >= 0:\n"
+        "        visible = visible & (cols[None, :] >= rows[:, None] + offset - left)\n"
+        "    if right >= 0:\n"
+        "        visible = visible & (cols[None, :] <= rows[:, None] + offset + right)\n",
+        "    if left >= 0:\n"
+        "        visible = visible & (cols[None, :] >= rows[:, None] - left)\n"
+        "    if right >= 0:\n"
+        "        visible = visible & (cols[None, :] <= rows[:, None] + right)\n",
+        "window aligned top-left",
+        "The window is centred on query i's own index instead of i + Nk - Nq: right whenever "
+        "Nq == Nk, wrong in decode and chunked prefill (the alignment mix-up of causal masks, "
+        "for windows).",
+    ),
+    Mutant(
+        "blocked_window_drops_causal",
+        BLOCKED,
+        "    if causal:\n        visible = visible & (cols[None, :] <= rows[:, None] + offset)\n",
+        "    if causal and var.window == (-1, -1):\n"
+        "        visible = visible & (cols[None, :] <= rows[:, None] + offset)\n",
+        "window replaces the causal mask",
+        "With a sliding window the causal mask is not applied, so a window with right > 0 sees "
+        "future tokens under causal=True: vllm PR #51257 (window combined with per-sequence causal "
+        "masking attends to future tokens).",
+    ),
+    Mutant(
+        "blocked_softcap_before_scale",
+        BLOCKED,
+        "        t = torch.tanh(s / var.softcap)\n        s, dcap = var.softcap * t, 1 - t * t\n",
+        "        t = torch.tanh(s / scale / var.softcap)\n"
+        "        s, dcap = scale * var.softcap * t, 1 - t * t\n",
+        "softcap applied before scaling",
+        "The cap is applied to the raw q.k logits and the scale after it (scale * cap * tanh(qk / "
+        "cap)) instead of cap * tanh(scale * qk / cap): Gemma-2-style softcap ported in the wrong "
+        "order.",
+    ),
+    Mutant(
+        "blocked_alibi_sign",
+        BLOCKED,
+        "s = s - var.slopes[:, h, None, None] * (rows[:, None] + offset - cols[None, :]).abs()",
+        "s = s + var.slopes[:, h, None, None] * (rows[:, None] + offset - cols[None, :]).abs()",
+        "ALiBi sign wrong",
+        "The ALiBi bias is added instead of subtracted: distant keys are favoured.",
+    ),
+    Mutant(
+        "blocked_alibi_top_left",
+        BLOCKED,
+        "s = s - var.slopes[:, h, None, None] * (rows[:, None] + offset - cols[None, :]).abs()",
+        "s = s - var.slopes[:, h, None, None] * (rows[:, None] - cols[None, :]).abs()",
+        "ALiBi distance aligned top-left",
+        "The ALiBi distance is |i - j| instead of |i + Nk - Nq - j|: right when Nq == Nk, wrong "
+        "for decode and Nq != Nk.",
+    ),
+    Mutant(
+        "blocked_sink_missing_from_lse",
+        BLOCKED,
+        "lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m + torch.log(l_safe))",
+        "sink = 0.0 if var.sinks is None else torch.exp(var.sinks[h].to(m.dtype) - m)\n"
+        "            lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m + torch.log(l_safe - sink))",
+        "sink missing from lse",
+        "The output is normalised with the sink in the denominator but the returned lse leaves it "
+        "out, so a backward or a split-KV combine that trusts the lse is wrong.",
+    ),
+    Mutant(
+        "blocked_dsinks_sign",
+        BLOCKED,
+        "dsinks = -(torch.exp(z - lse) * delta).sum((0, 2)).to(var.sinks.dtype)",
+        "dsinks = (torch.exp(z - lse) * delta).sum((0, 2)).to(var.sinks.dtype)",
+        "sink gradient sign wrong",
+        "The learnable sinks' gradient has the wrong sign (d lse / d z = +p_sink, but d o / d z = "
+        "-p_sink * o): training pushes the sinks the wrong way.",
+    ),
     # ---------------------------------------------------------- triton (kernels/triton_attention.py)
     Mutant(
         "triton_tail_unmasked",
