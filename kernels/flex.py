@@ -339,13 +339,25 @@ GQA_CAUSAL_NO_CHOICES = Limit(
 #: H200, torch 2.11): Problem(b=1, hq=4, hkv=2, nq=127, nk=127, d=16, dtype='float16',
 #: scale=0.03125, window=(-1, 0), softcap=0.5) raised InductorError NoValidChoicesError.
 
+#: Found by the variant properties on the H200 (torch 2.11.0+cu130): with a block mask (any
+#: window, or varlen documents) and Dv = 256 > D, Inductor's flex_attention template needs 256 KiB
+#: of shared memory (the H200 has 227 KiB) and raises InductorError "No valid triton configs.
+#: OutOfMemoryError: out of resource", e.g. Problem(b=1, hq=1, hkv=1, nq=300, nk=300, d=64,
+#: dv=256, dtype='float16', scale=0.03125, layout='transposed', window=(-1, -1)).
+MASKED_DV256_SHARED_MEMORY = Limit(
+    reason="Inductor's flex_attention with a block mask and Dv = 256 > D needs more shared memory "
+    "than the H200 has (InductorError out of resource; torch 2.11)",
+    applies=lambda p: p.dv == 256 and p.d < p.dv and (p.window is not None or p.seqlens is not None),
+    raises=False,
+)
+
 attention.varlen = varlen
 attention.capabilities = Capabilities(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     head_dims=frozenset({16, 32, 64, 128, 256}),
     devices=frozenset({"cuda"}),
     fp32_matmul="tf32",
-    limits=(GQA_CAUSAL_NO_CHOICES,),
+    limits=(GQA_CAUSAL_NO_CHOICES, MASKED_DV256_SHARED_MEMORY),
     window=True,
     softcap=True,
     alibi=ALIBI_SHAPES,
