@@ -1,19 +1,24 @@
-"""Adapter for the ``flash-attn`` package (``flash_attn.flash_attn_func``) when installed.
+"""Adapter for the ``flash-attn`` package (FlashAttention-2) when installed.
 
-flash-attn takes (B, N, H, D) tensors and aligns causal masks bottom-right (>= 2.1). With
-``return_attn_probs=True`` it also returns the softmax lse.
+flash-attn's three entry points are the model of flashprop's variant contract (docs/variants.md),
+so they map one to one: ``flash_attn_func`` (dense; it takes (B, N, H, D), the adapter passes
+transposed views), ``flash_attn_varlen_func`` (``attention.varlen``) and
+``flash_attn_with_kvcache`` (``attention.kvcache``), with ``window_size``, ``softcap`` and
+``alibi_slopes``. Causal masks are bottom-right aligned (>= 2.1); the lse comes with
+``return_attn_probs=True`` (``return_softmax_lse=True`` for decode). flash-attn has no attention
+sinks, and its paged cache takes page sizes that are multiples of 256.
 """
 
 from __future__ import annotations
 
 import torch
 
-from kernels.capabilities import Capabilities
+from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 
 try:
-    from flash_attn import flash_attn_func
+    from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
 except ImportError:
-    flash_attn_func = None
+    flash_attn_func = flash_attn_varlen_func = flash_attn_with_kvcache = None
 
 
 def unavailable_reason() -> str | None:
@@ -24,7 +29,13 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
+def _variants(window_size, softcap, alibi_slopes) -> dict:
+    return dict(window_size=(-1, -1) if window_size is None else tuple(window_size), softcap=softcap,
+                alibi_slopes=alibi_slopes)
+
+
+def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window_size=None,
+              softcap: float = 0.0, alibi_slopes=None):
     """flash-attn ``(o, lse)`` on (B, H, N, D) views."""
     o, lse, _ = flash_attn_func(
         q.transpose(1, 2),
@@ -33,14 +44,44 @@ def attention(q, k, v, *, causal: bool = False, scale: float | None = None):
         softmax_scale=scale,
         causal=causal,
         return_attn_probs=True,
+        **_variants(window_size, softcap, alibi_slopes),
     )
     return o.transpose(1, 2), lse
 
 
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal: bool = False,
+           scale: float | None = None, window_size=None, softcap: float = 0.0, alibi_slopes=None):
+    """``flash_attn_varlen_func``: packed (T, H, D) -> ``(o, lse (Hq, Tq))``."""
+    o, lse, _ = flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale,
+        causal=causal, return_attn_probs=True, **_variants(window_size, softcap, alibi_slopes),
+    )
+    return o, lse
+
+
+def kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=None, num_splits: int = 0,
+            causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
+            alibi_slopes=None):
+    """``flash_attn_with_kvcache`` (no appended keys): ``(o (B, Nq, Hq, Dv), lse (B, Hq, Nq))``."""
+    return flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, softmax_scale=scale,
+        causal=causal, num_splits=num_splits, return_softmax_lse=True,
+        **_variants(window_size, softcap, alibi_slopes),
+    )
+
+
+attention.varlen = varlen
+attention.kvcache = kvcache
 attention.capabilities = Capabilities(
     dtypes=frozenset({torch.float16, torch.bfloat16}),
     head_dims=range(8, 257, 8),
     dv_equals_d=True,
     deterministic_backward=False,
     devices=frozenset({"cuda"}),
+    window=True,
+    softcap=True,
+    alibi=ALIBI_SHAPES,
+    varlen=True,
+    kvcache=KVCache(contiguous=True, page_sizes=(256, 512), max_splits=128, max_queries=64),
+    variant_backward=frozenset({"window", "softcap", "alibi", "varlen"}),
 )
