@@ -11,6 +11,13 @@ Options:
     --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
     --known-failures PATH                     tests expected to fail, with reasons
                                               (``properties/known_failures.py``)
+    --example-db DIR|redis://HOST:PORT/N      Hypothesis example database shared by every
+                                              worker and run (a directory, or Redis)
+
+Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count; the
+workers' tallies are merged into the one summary table; a worker that dies (segfault, lost CUDA
+context) is replaced by xdist and the example it was running is reported as that property's
+failure, with its replay command.
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
 
@@ -60,6 +67,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run only PROPERTY, on only this problem (as a failure report prints it)",
     )
     group.addoption(
+        "--example-db",
+        default=None,
+        metavar="DIR|redis://HOST:PORT/N",
+        help="Hypothesis example database: a directory, or a Redis URL (needs the redis package); "
+        "failures found by any worker or run are replayed first by the others",
+    )
+    group.addoption(
         "--known-failures",
         default=None,
         metavar="PATH",
@@ -107,10 +121,46 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_KNOWN] = parse(Path(known))
         except (OSError, ValueError) as err:
             raise pytest.UsageError(f"--known-failures: {err}") from err
+    overrides = {}
     n = config.getoption("--max-examples")
     if n is not None:
-        settings.register_profile("flashprop-cli", settings(settings.default, max_examples=n))
+        overrides["max_examples"] = n
+    if config.getoption("--example-db"):
+        from properties.campaign import example_database
+
+        overrides["database"] = example_database(config.getoption("--example-db"))
+    if overrides:
+        settings.register_profile("flashprop-cli", settings(settings.default, **overrides))
         settings.load_profile("flashprop-cli")
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        from properties.campaign import configure_worker
+
+        configure_worker(worker, _device(config))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist controller: tell each worker where to note its examples and tallies."""
+    from properties.campaign import configure_node
+
+    configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """xdist controller: merge a worker's tallies; report the example a dead worker was running."""
+    from properties.campaign import collect_node
+
+    collect_node(node, error)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is not None:
+        from properties.report import rows
+
+        worker_output["flashprop_tallies"] = rows()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from kernels.registry import Kernel
 from properties.problem import KernelInputs, Problem
-from properties.report import REPLAY_HEADER, record
+from properties.report import REPLAY_HEADER, begin, noting, record
 from properties.tolerance import Comparison, compare
 from refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from refimpl.layouts import (
@@ -306,6 +306,8 @@ def run_property(
     @settings(base, max_examples=n)
     @given(problems)
     def examples(problem: Problem) -> None:
+        if noting():
+            begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
         start = time.perf_counter()
         try:
             outcome = check(kernel, problem) or "passed"

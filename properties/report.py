@@ -71,25 +71,56 @@ def summary_lines() -> list[str]:
     return [lines[0], "-" * len(lines[0]), *lines[1:]]
 
 
+def rows() -> list[dict]:
+    """The tallies as JSON-able rows (what :func:`dump` writes and :func:`merge_rows` reads)."""
+    return [{"kernel": k, "property": p, **asdict(t)} for (k, p), t in sorted(TALLIES.items())]
+
+
 def dump(path: str) -> None:
     """Write the tallies as JSON (one pytest process's share of a parallel run); the file is
     replaced whole, so a reader never sees half of it."""
-    rows = [{"kernel": k, "property": p, **asdict(t)} for (k, p), t in sorted(TALLIES.items())]
     with open(f"{path}.tmp", "w") as f:
-        json.dump(rows, f, indent=1)
+        json.dump(rows(), f, indent=1)
     os.replace(f"{path}.tmp", path)
+
+
+def merge_rows(found: list[dict]) -> None:
+    """Add tallies of another process (rows as :func:`rows` gives them) into :data:`TALLIES`."""
+    for row in found:
+        tally = TALLIES[(row["kernel"], row["property"])]
+        for outcome in OUTCOMES:
+            setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
+        tally.seconds += row["seconds"]
+        tally.last_failure = row["last_failure"] or tally.last_failure
 
 
 def merge(paths: list[str]) -> None:
     """Add the tallies dumped by other processes into :data:`TALLIES`."""
     for path in paths:
         with open(path) as f:
-            for row in json.load(f):
-                tally = TALLIES[(row["kernel"], row["property"])]
-                for outcome in OUTCOMES:
-                    setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
-                tally.seconds += row["seconds"]
-                tally.last_failure = row["last_failure"] or tally.last_failure
+            merge_rows(json.load(f))
+
+
+#: Where a parallel worker notes the example it is about to run (:func:`begin`), so that the
+#: controller can report the problem that killed it (a segfault, a lost CUDA context).
+_current = {"path": None}
+
+
+def note_current(path: str | None) -> None:
+    """Note each example's problem in ``path`` before it runs (``None``: do not)."""
+    _current["path"] = path
+
+
+def noting() -> bool:
+    """Whether examples are noted (:func:`note_current`)."""
+    return _current["path"] is not None
+
+
+def begin(kernel: str, prop: str, problem: str, replay: str) -> None:
+    """Note the example about to run: kernel, property, problem and the command that replays it."""
+    if _current["path"]:
+        with open(_current["path"], "w") as f:
+            json.dump({"kernel": kernel, "property": prop, "problem": problem, "replay": replay}, f)
 
 
 def main(argv: list[str] | None = None) -> int:
