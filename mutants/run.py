@@ -215,14 +215,18 @@ def plain(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in short)
 
 
-def summary(outcomes: list[Outcome], total: float, baseline: float) -> list[str]:
+def summary(outcomes: list[Outcome], total: float, baseline: float | None) -> list[str]:
+    """The closing lines; ``baseline`` is the slowest correct kernel's seconds (``None``: the
+    baseline was not run here)."""
     caught = [o for o in outcomes if o.caught]
     times = [o.seconds for o in caught if o.seconds is not None]
     walls = [o.wall for o in caught]
-    lines = [
-        f"caught {len(caught)} of {len(outcomes)} mutants; total runtime {total:.0f} s "
-        f"(correct-kernel fuzz job, slowest kernel: {baseline:.0f} s)",
-    ]
+    where = (
+        "correct kernels not rerun"
+        if baseline is None
+        else f"correct-kernel fuzz job, slowest kernel: {baseline:.0f} s"
+    )
+    lines = [f"caught {len(caught)} of {len(outcomes)} mutants; total runtime {total:.0f} s ({where})"]
     if times:
         lines.append(
             f"median time to catch {statistics.median(times):.1f} s after collection "
@@ -310,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - start
 
     rows = table(outcomes)
-    lines = summary(outcomes, total, baseline_s)
+    lines = summary(outcomes, total, None if args.skip_baseline else baseline_s)
     if not baseline_ok:
         lines.insert(0, "CORRECT KERNELS FAIL the fuzz job: the mutant results are not evidence")
     print()
