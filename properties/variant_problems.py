@@ -185,10 +185,22 @@ def variant_problems(
 
 
 # ------------------------------------------------------------------------- the error contract
+#: Page sizes tried as undeclared (the ones a kernel does not list).
+ODD_PAGE_SIZES = (2, 3, 5, 7, 12, 32, 48, 128)
+
+
 def variant_axes(caps: Capabilities) -> list[str]:
     """The variant axes along which a kernel declares less than everything: modifiers it does
-    not take, ALiBi shapes, sequence-length granularity, modifiers without a backward."""
+    not take, ALiBi shapes, sequence-length granularity, modifiers without a backward and, for a
+    decode entry point, page sizes, a contiguous cache, splits and queries beyond its limits."""
     axes = [v for v in MODIFIERS if not caps.declares_variant(v)]
+    kv = caps.kvcache
+    if kv is not None:
+        axes += ["splits-over", "queries-over"]
+        if any(size not in kv.page_sizes for size in ODD_PAGE_SIZES):
+            axes.append("page-size")
+        if not kv.contiguous:
+            axes.append("contiguous")
     if caps.alibi and caps.alibi != ALIBI_SHAPES:
         axes.append("alibi-shape")
     if caps.seqlen_multiple > 1:
@@ -207,8 +219,23 @@ def undeclared_variant_problems(
     """A declared dense problem given one variant the kernel does not declare (or a sequence
     length off its ``seqlen_multiple``, or a variant's backward it does not declare)."""
     axis = draw(st.sampled_from(variant_axes(caps)))
-    p: Problem = draw(problems(caps, device=device, sizes=Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)))
-    if axis.startswith("backward-"):
+    small = Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)
+    p: Problem = draw(problems(caps, device=device, sizes=small))
+    if axis in ("splits-over", "queries-over", "page-size", "contiguous"):
+        kv = caps.kvcache
+        p = draw(_decode(caps, kv, p, small, paged=None, splits=None))
+        if axis == "splits-over":
+            p = p.replace(num_splits=kv.max_splits + draw(st.integers(1, 3)))
+        elif axis == "queries-over":
+            p = p.replace(nq=kv.max_queries + 1)
+        elif axis == "contiguous":
+            p = p.replace(page_size=None)
+        else:
+            size = draw(st.sampled_from([s for s in ODD_PAGE_SIZES if s not in kv.page_sizes]))
+            pages = draw(st.integers(1, 3))
+            lengths = tuple(min(n, size * pages) for n in p.cache)
+            p = p.replace(page_size=size, nk=size * pages, cache=lengths)
+    elif axis.startswith("backward-"):
         p = draw(_modifiers(caps, p, axis.removeprefix("backward-"), (axis.removeprefix("backward-"),)))
     elif axis == "window":
         p = p.replace(window=(draw(st.integers(0, 4)), draw(st.integers(-1, 4))))
