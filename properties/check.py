@@ -21,6 +21,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from kernels.registry import Kernel
+from properties.diagnosis import diagnose
 from properties.problem import KernelInputs, Problem
 from properties.report import REPLAY_HEADER, begin, noting, record
 from properties.tolerance import Comparison, compare
@@ -263,14 +264,13 @@ def assert_close_to_golden(
     results = judge(kernel, problem, out, names)
     bad = [r for r in results if not r.ok]
     if bad:
+        details = [r.describe() for r in results]
+        if any(r.name in ("o", "lse") for r in bad):
+            limits = {r.name: r.budget for r in results if r.name in ("o", "lse")}
+            if "o" in limits:
+                details += diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits)
         raise PropertyFailure(
-            failure(
-                kernel,
-                problem,
-                prop,
-                [r.describe() for r in results],
-                backward=any(n in GRADIENTS for n in names),
-            )
+            failure(kernel, problem, prop, details, backward=any(n in GRADIENTS for n in names))
         )
 
 
