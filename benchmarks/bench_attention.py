@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from flashprop.kernels.registry import Kernel
 
 from benchmarks.conftest import (
     BenchState,
@@ -31,7 +32,6 @@ from benchmarks.conftest import (
 from benchmarks.grid import Config, configs, size_limit_reason
 from benchmarks.memory import peak_extra_bytes
 from benchmarks.timing import CPU_TIMER, PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
-from kernels.registry import Kernel
 
 #: Errors with which a kernel refuses a problem it does not support.
 _REFUSALS = (ValueError, TypeError, NotImplementedError)

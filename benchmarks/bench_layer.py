@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from flashprop.kernels.layer import FlashAttention
 from torch import Tensor, nn
 
 from benchmarks.conftest import BenchState
 from benchmarks.memory import peak_extra_bytes
 from benchmarks.timing import PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
-from kernels.layer import FlashAttention
 
 ANCHORS = ("sdpa-flash", "sdpa-cudnn")
 KERNELS = (*ANCHORS, "triton")  # anchors first: a kernel row finds their times measured

@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from flashprop.refimpl.golden import attention_golden
 
 from benchmarks.bench_attention import make_call, unsupported_reason
 from benchmarks.calibration import plain_dense_attention_f64
 from benchmarks.conftest import BenchState, bench_device, kernel_names
 from benchmarks.grid import Config
 from benchmarks.memory import cpu_peak_supported, growth_exponent, peak_extra_bytes
-from refimpl.golden import attention_golden
 
 #: (N, 4N), heads, head dim, dtype per device.
 SHAPES = {"cuda": ((2048, 8192), 16, 64, "bfloat16"), "cpu": ((1024, 4096), 1, 64, "float32")}

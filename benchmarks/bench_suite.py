@@ -26,16 +26,16 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.check import assert_close_to_golden, references, run_kernel
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import Sizes, problems
+from flashprop.refimpl.golden import attention_golden, attention_golden_backward
 from hypothesis import HealthCheck, Phase, given, settings
 
 from benchmarks.calibration import ANCHORS, CALIBRATION_SHAPE, calibration_inputs
 from benchmarks.conftest import BenchState
 from benchmarks.timing import CPU_TIMER, PROTOCOLS
-from kernels.registry import Kernel
-from properties.check import assert_close_to_golden, references, run_kernel
-from properties.problem import Problem
-from properties.strategies import Sizes, problems
-from refimpl.golden import attention_golden, attention_golden_backward
 
 #: Timed rounds per benchmark, each paired with one anchor run.
 ROUNDS = 11

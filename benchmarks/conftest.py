@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from flashprop.kernels.registry import BUILTIN, Kernel, KernelUnavailable, load_kernel
 
 from benchmarks.grid import (
     CPU_GRID,
@@ -35,7 +36,6 @@ from benchmarks.grid import (
     parse_names,
 )
 from benchmarks.timing import RoundSetup
-from kernels.registry import BUILTIN, Kernel, KernelUnavailable, load_kernel
 
 _OPTIONS = {
     "--bench-kernels": "FLASHPROP_BENCH_KERNELS",

@@ -31,13 +31,12 @@ os.environ["TRITON_INTERPRET"] = "0"  # the tox env sets 1; compilation needs th
 os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import flashprop.kernels.triton_attention as ta
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
-
-import kernels.triton_attention as ta
 
 TARGET = GPUTarget("cuda", 90, 32)
 #: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.

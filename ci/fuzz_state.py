@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from properties import report
+from flashprop.properties import report
 
 
 def _rank(path: Path) -> tuple[int, int]:

@@ -17,7 +17,7 @@ SLOW_TILE = 16
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    import kernels.triton_attention as triton_attention
+    import flashprop.kernels.triton_attention as triton_attention
 
     original = triton_attention.attention
 

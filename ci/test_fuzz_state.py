@@ -10,8 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fuzz_state
-
-from properties import report
+from flashprop.properties import report
 
 
 def _tally(path: Path, passed: int, failed: int = 0) -> Path:

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 WRONG_KERNEL = '''
 import torch
-from refimpl import attention_golden
+from flashprop.refimpl import attention_golden
 
 
 def attn(q, k, v, *, causal=False, scale=None):

@@ -51,8 +51,9 @@ def main(argv: list[str] | None = None) -> int:
         print("triton_tuning: needs a CUDA GPU (the autotuner runs only there)", file=sys.stderr)
         return 2
 
+    from flashprop.kernels.registry import load_kernel
+
     from benchmarks.bench_attention import make_call
-    from kernels.registry import load_kernel
 
     name = LONG_DTYPE[args.dtype]
     cfg = Config(n=args.n, d=args.d, causal=args.causal, dtype=name, mode=args.mode,
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _probe(call, cfg: Config, setup: RoundSetup, tma: str, mode: str) -> dict[str, list[dict]]:
     """Tune every pass (one call), then time each pass pinned to each configuration it timed."""
-    import kernels.triton_attention as ta
+    import flashprop.kernels.triton_attention as ta
 
     tuners = {"fwd": ta._attn_fwd_tuned}
     if mode == "fwd+bwd":

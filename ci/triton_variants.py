@@ -26,13 +26,13 @@ from pathlib import Path
 os.environ["TRITON_INTERPRET"] = "0"  # the launch options and tiles of the compiled kernel
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import flashprop.kernels.triton_attention as ta
 import torch
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import device_sizes, problems
 from hypothesis import HealthCheck, given, settings
 
-import kernels.triton_attention as ta
 from ci.compile_triton import _compile, _meta
-from properties.problem import Problem
-from properties.strategies import device_sizes, problems
 
 POINTER = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.float64: "fp64"}

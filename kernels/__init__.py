@@ -1,7 +1,7 @@
 """The kernel contract (capabilities, registry, loader) and the kernels under test."""
 
-from kernels.capabilities import FULL_SUPPORT, Capabilities, KVCache, Limit
-from kernels.registry import (
+from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities, KVCache, Limit
+from flashprop.kernels.registry import (
     BUILTIN,
     Kernel,
     KernelUnavailable,

@@ -25,8 +25,7 @@ import os
 from pathlib import Path
 
 import torch
-
-from kernels.capabilities import Capabilities
+from flashprop.kernels.capabilities import Capabilities
 
 __all__ = ["attention", "unavailable_reason"]
 

@@ -36,9 +36,14 @@ import functools
 from collections.abc import Callable
 
 import torch
-
-from kernels.capabilities import ALIBI_SHAPES, Capabilities, Limit
-from kernels.validate import check_alibi, check_cu_seqlens, check_packed, check_softcap, check_window
+from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, Limit
+from flashprop.kernels.validate import (
+    check_alibi,
+    check_cu_seqlens,
+    check_packed,
+    check_softcap,
+    check_window,
+)
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention

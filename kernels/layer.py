@@ -35,9 +35,8 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 import torch
+from flashprop.kernels.registry import Kernel, load_kernel
 from torch import Tensor, nn
-
-from kernels.registry import Kernel, load_kernel
 
 #: Loaded kernels by the key the custom ops name them with (a custom op takes no callables).
 _KERNELS: dict[str, Kernel] = {}

@@ -17,20 +17,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-
-from kernels.capabilities import FULL_SUPPORT, Capabilities
+from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities
 
 #: Registered names and the ``module:attr`` each stands for.
 BUILTIN: dict[str, str] = {
-    "triton": "kernels.triton_attention:attention",
-    "cuda": "kernels.cuda_attention:attention",
-    "ref-blocked": "refimpl.blocked:attention",
-    "sdpa-math": "kernels.sdpa:sdpa_math",
-    "sdpa-flash": "kernels.sdpa:sdpa_flash",
-    "sdpa-efficient": "kernels.sdpa:sdpa_efficient",
-    "sdpa-cudnn": "kernels.sdpa:sdpa_cudnn",
-    "flex": "kernels.flex:attention",
-    "flash-attn": "kernels.flash_attn_adapter:attention",
+    "triton": "flashprop.kernels.triton_attention:attention",
+    "cuda": "flashprop.kernels.cuda_attention:attention",
+    "ref-blocked": "flashprop.refimpl.blocked:attention",
+    "sdpa-math": "flashprop.kernels.sdpa:sdpa_math",
+    "sdpa-flash": "flashprop.kernels.sdpa:sdpa_flash",
+    "sdpa-efficient": "flashprop.kernels.sdpa:sdpa_efficient",
+    "sdpa-cudnn": "flashprop.kernels.sdpa:sdpa_cudnn",
+    "flex": "flashprop.kernels.flex:attention",
+    "flash-attn": "flashprop.kernels.flash_attn_adapter:attention",
 }
 
 

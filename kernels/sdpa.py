@@ -48,10 +48,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
-from kernels.validate import (
+from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
+from flashprop.kernels.validate import (
     check_alibi,
     check_cache,
     check_cu_seqlens,
@@ -59,7 +57,8 @@ from kernels.validate import (
     check_packed,
     check_window,
 )
-from refimpl.masks import visible_mask
+from flashprop.refimpl.masks import visible_mask
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 _LOW = frozenset({torch.float16, torch.bfloat16})
 

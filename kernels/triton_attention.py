@@ -61,10 +61,9 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from flashprop.kernels.capabilities import Capabilities, Limit
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
-
-from kernels.capabilities import Capabilities, Limit
 
 #: Whether the kernels below are Triton-interpreted (CPU tensors) or compiled (CUDA tensors).
 #: ``triton.jit`` makes this choice when the decorated function is defined, i.e. at import.

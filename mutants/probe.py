@@ -71,7 +71,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     out = os.environ.get(OUT_ENV)
     if not out:
         return
-    import properties.check as check
+    import flashprop.properties.check as check
 
     _PROBE = Probe(Path(out))
     check.record = _PROBE.wrap(check.record)

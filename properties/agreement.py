@@ -18,11 +18,17 @@ entries (lse of empty rows) must sit at the same places with the same value in b
 from __future__ import annotations
 
 import torch
-
-from kernels.registry import Kernel
-from properties.check import REFERENCES, Outputs, PropertyFailure, failure, reference_for, yardstick_precision
-from properties.problem import KernelInputs, Problem
-from properties.tolerance import budget
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.check import (
+    REFERENCES,
+    Outputs,
+    PropertyFailure,
+    failure,
+    reference_for,
+    yardstick_precision,
+)
+from flashprop.properties.problem import KernelInputs, Problem
+from flashprop.properties.tolerance import budget
 
 #: Forward tensors the metamorphic properties compare.
 FORWARD = ("o", "lse")

@@ -19,7 +19,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from properties.report import autosave, merge_rows, note_current, record
+from flashprop.properties.report import autosave, merge_rows, note_current, record
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"

@@ -17,22 +17,21 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import Phase, given, settings
-from hypothesis import strategies as st
-
-from kernels.registry import Kernel
-from properties.diagnosis import diagnose
-from properties.problem import KernelInputs, Problem
-from properties.report import REPLAY_HEADER, begin, noting, record
-from properties.tolerance import Comparison, compare
-from refimpl import attention_golden, attention_golden_backward, attention_yardstick
-from refimpl.layouts import (
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.diagnosis import diagnose
+from flashprop.properties.problem import KernelInputs, Problem
+from flashprop.properties.report import REPLAY_HEADER, begin, noting, record
+from flashprop.properties.tolerance import Comparison, compare
+from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from flashprop.refimpl.layouts import (
     kvcache_golden,
     kvcache_yardstick,
     varlen_golden,
     varlen_golden_backward,
     varlen_yardstick,
 )
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
 REFERENCES = {

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-from properties.problem import Problem
-from properties.tolerance import budget
-from refimpl import attention_golden, attention_yardstick
+from flashprop.properties.problem import Problem
+from flashprop.properties.tolerance import budget
+from flashprop.refimpl import attention_golden, attention_yardstick
 
 Golden = tuple[torch.Tensor, torch.Tensor]
 

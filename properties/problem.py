@@ -334,9 +334,9 @@ class Problem:
         )
         lines = [
             "import torch",
-            "from kernels import load_kernel",
-            "from properties.problem import Problem",
-            "from refimpl import attention_golden",
+            "from flashprop.kernels import load_kernel",
+            "from flashprop.properties.problem import Problem",
+            "from flashprop.refimpl import attention_golden",
             f"p = {self.constructor()}",
             f"q, k, v = p.inputs(requires_grad={backward})",
             f"o, lse = load_kernel({kernel!r})(q, k, v, causal=p.causal, scale=p.scale{tiles})",

@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from flashprop.kernels.capabilities import ALL_DTYPES, Capabilities
+from flashprop.properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
 from hypothesis import assume, reject
 from hypothesis import strategies as st
-
-from kernels.capabilities import ALL_DTYPES, Capabilities
-from properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
 
 #: Head dims worth trying first: odd, non-power-of-two and the common ones.
 FAVOURITE_HEAD_DIMS = (1, 8, 16, 24, 32, 40, 64, 72, 80, 96, 128, 200, 256)

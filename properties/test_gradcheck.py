@@ -19,12 +19,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-
-from kernels.capabilities import Capabilities
-from kernels.registry import Kernel
-from properties.check import PropertyFailure, failure, run_property
-from properties.problem import Problem
-from properties.strategies import Sizes, problems
+from flashprop.kernels.capabilities import Capabilities
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.check import PropertyFailure, failure, run_property
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import Sizes, problems
 
 F64 = torch.float64
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.agreement import assert_agree, budgets, references_on, restrict, total
+from flashprop.properties.check import Outputs, run_kernel, run_property
+from flashprop.properties.problem import KernelInputs, Problem
+from flashprop.properties.variant_problems import variant_problems
 from hypothesis import strategies as st
-
-from kernels.registry import Kernel
-from properties.agreement import assert_agree, budgets, references_on, restrict, total
-from properties.check import Outputs, run_kernel, run_property
-from properties.problem import KernelInputs, Problem
-from properties.variant_problems import variant_problems
 
 
 def _pairs(a: Outputs, b: Outputs) -> list:

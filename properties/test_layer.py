@@ -48,14 +48,13 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from flashprop.kernels.capabilities import Capabilities
+from flashprop.kernels.layer import FlashAttention, attention_backward_op, attention_op
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.tolerance import Comparison, budget, compare
+from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from flashprop.refimpl.blocked import attention as blocked_attention
 from torch import Tensor, nn
-
-from kernels.capabilities import Capabilities
-from kernels.layer import FlashAttention, attention_backward_op, attention_op
-from kernels.registry import Kernel
-from properties.tolerance import Comparison, budget, compare
-from refimpl import attention_golden, attention_golden_backward, attention_yardstick
-from refimpl.blocked import attention as blocked_attention
 
 KERNEL = "ref-blocked"
 DTYPES = (torch.float32, torch.float64)

@@ -16,25 +16,24 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import flashprop.properties.test_error_contract as error_contract
 import pytest
 import torch
+from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
+from flashprop.kernels.registry import Kernel, load_kernel, observe_outputs
+from flashprop.kernels.sdpa import sdpa_flash
+from flashprop.properties.check import PropertyFailure, assert_close_to_golden, references, run_kernel
+from flashprop.properties.known_failures import KnownFailure, mark, parse
+from flashprop.properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
+from flashprop.properties.report import TALLIES
+from flashprop.properties.strategies import Sizes, problems, undeclared_problems
+from flashprop.properties.tolerance import compare
+from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from flashprop.refimpl.blocked import attention as blocked_attention
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-import properties.test_error_contract as error_contract
-from kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
-from kernels.registry import Kernel, load_kernel, observe_outputs
-from kernels.sdpa import sdpa_flash
-from properties.check import PropertyFailure, assert_close_to_golden, references, run_kernel
-from properties.known_failures import KnownFailure, mark, parse
-from properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
-from properties.report import TALLIES
-from properties.strategies import Sizes, problems, undeclared_problems
-from properties.tolerance import compare
-from refimpl import attention_golden, attention_golden_backward, attention_yardstick
-from refimpl.blocked import attention as blocked_attention
 
 pytestmark = pytest.mark.meta
 
@@ -262,8 +261,8 @@ def test_tolerance_flags_finite_lse_on_empty_rows():
 
 
 USER_KERNEL = '''
-from kernels.capabilities import Capabilities
-from refimpl import attention_golden
+from flashprop.kernels.capabilities import Capabilities
+from flashprop.refimpl import attention_golden
 
 
 def plain(q, k, v, *, causal=False, scale=None):
@@ -289,7 +288,7 @@ def test_registry_loads_names_modules_and_files(tmp_path: Path):
     claims full support (an undeclared one returning only o is observed to return no lse); a
     kernel returning only o (declaring returns_lse=False) is checked on o alone, and a wrong o is
     still caught; full support declared but only o returned is a failure."""
-    named, dotted = load_kernel("ref-blocked"), load_kernel("refimpl.blocked:attention")
+    named, dotted = load_kernel("ref-blocked"), load_kernel("flashprop.refimpl.blocked:attention")
     assert named.fn is dotted.fn is blocked_attention
     assert named.capabilities == blocked_attention.capabilities
     path = tmp_path / "user_kernel.py"
@@ -424,7 +423,7 @@ def test_error_contract_catches_silent_wrong_answers(refuse: bool):
 
 def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """ci/gpu-check runs one pytest per (kernel, file, seed): their tallies add up exactly."""
-    import properties.report as report
+    import flashprop.properties.report as report
 
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
     monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
@@ -451,7 +450,7 @@ def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: p
     summary (a time limit, a crash) leaves them."""
     import json
 
-    import properties.report as report
+    import flashprop.properties.report as report
 
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
     monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
@@ -492,7 +491,7 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch):
     """A variant's lock is held from before its compilation until after it; a compilation that
     raised releases at the next one; a waiter gives up after WAIT_SECONDS."""
-    import properties.compile_locks as locks
+    import flashprop.properties.compile_locks as locks
 
     monkeypatch.setattr(locks, "WAIT_SECONDS", 0.2)
     a = {"specialization_data": '{"name": "k", "constants": {"BLOCK_M": 64}}'}
@@ -526,7 +525,7 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
 def test_compile_stats_lines_read_back_and_sum():
     """ci/gpu-check sums the processes' compile lines with ``python -m properties.compile_locks``:
     the parser reads back what ``line()`` prints, and logs without a line are left out."""
-    from properties.compile_locks import CompileStats, summary
+    from flashprop.properties.compile_locks import CompileStats, summary
 
     a = CompileStats(variants=12, waited=2, compile_seconds=30.4, wait_seconds=5.6)
     b = CompileStats(variants=3, waited=0, compile_seconds=7.0, wait_seconds=0.0)

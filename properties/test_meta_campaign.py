@@ -29,7 +29,7 @@ CRASHER = textwrap.dedent('''
     import os
     import signal
 
-    from refimpl.blocked import attention as blocked
+    from flashprop.refimpl.blocked import attention as blocked
 
 
     def attn(q, k, v, *, causal=False, scale=None):
@@ -40,7 +40,7 @@ CRASHER = textwrap.dedent('''
 ''')
 
 WRONG_AT_17 = textwrap.dedent('''
-    from refimpl.blocked import attention as blocked
+    from flashprop.refimpl.blocked import attention as blocked
 
 
     def attn(q, k, v, *, causal=False, scale=None):

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from kernels.capabilities import Capabilities
-from kernels.registry import Kernel
-from properties.check import PropertyFailure, assert_close_to_golden, run_kernel
-from properties.problem import Problem
-from refimpl import attention_golden
+from flashprop.kernels.capabilities import Capabilities
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.check import PropertyFailure, assert_close_to_golden, run_kernel
+from flashprop.properties.problem import Problem
+from flashprop.refimpl import attention_golden
 
 pytestmark = pytest.mark.meta
 

@@ -13,16 +13,15 @@ import math
 
 import pytest
 import torch
+from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import Sizes
+from flashprop.properties.tolerance import budget
+from flashprop.properties.variant_problems import VARIANTS, variant_problems
+from flashprop.refimpl import attention_golden, attention_golden_backward
+from flashprop.refimpl.layouts import kvcache_golden, varlen_golden, varlen_golden_backward
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from properties.problem import Problem
-from properties.strategies import Sizes
-from properties.tolerance import budget
-from properties.variant_problems import VARIANTS, variant_problems
-from refimpl import attention_golden, attention_golden_backward
-from refimpl.layouts import kvcache_golden, varlen_golden, varlen_golden_backward
 
 pytestmark = pytest.mark.meta
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from kernels.registry import Kernel
-from properties.agreement import assert_agree, budgets, pairs, references_on, restrict, total
-from properties.check import run_kernel, run_property
-from properties.problem import Problem
-from properties.strategies import problems
-from refimpl.masks import causal_offset
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.agreement import assert_agree, budgets, pairs, references_on, restrict, total
+from flashprop.properties.check import run_kernel, run_property
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import problems
+from flashprop.refimpl.masks import causal_offset
 
 
 def _declared(kernel: Kernel, p: Problem) -> bool:

@@ -22,16 +22,15 @@ from typing import TypeVar
 
 import pytest
 import torch
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.agreement import assert_agree, budgets, pairs, references_on
+from flashprop.properties.check import Outputs, run_kernel, run_property
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import problems
+from flashprop.refimpl import attention_golden, visible_mask
+from flashprop.refimpl.online_softmax import SoftmaxState, merge_partials
 from hypothesis import given
 from hypothesis import strategies as st
-
-from kernels.registry import Kernel
-from properties.agreement import assert_agree, budgets, pairs, references_on
-from properties.check import Outputs, run_kernel, run_property
-from properties.problem import Problem
-from properties.strategies import problems
-from refimpl import attention_golden, visible_mask
-from refimpl.online_softmax import SoftmaxState, merge_partials
 
 T = TypeVar("T")
 F64 = torch.float64

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flashprop.kernels.capabilities import Capabilities
+from flashprop.properties.check import PropertyFailure, failure, run_kernel, run_property
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import Sizes, problems
+from flashprop.refimpl import attention_golden
 from hypothesis import reject
 from hypothesis import strategies as st
-
-from kernels.capabilities import Capabilities
-from properties.check import PropertyFailure, failure, run_kernel, run_property
-from properties.problem import Problem
-from properties.strategies import Sizes, problems
-from refimpl import attention_golden
 
 #: Allowed multiple of the mean error of rounding the golden output to the input dtype.
 MEAN_RATIO = 2.25

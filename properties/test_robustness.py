@@ -16,12 +16,9 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from hypothesis import assume
-from hypothesis import strategies as st
-
-from kernels.capabilities import Capabilities
-from kernels.registry import Kernel
-from properties.check import (
+from flashprop.kernels.capabilities import Capabilities
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.check import (
     Outputs,
     PropertyFailure,
     assert_close_to_golden,
@@ -29,8 +26,10 @@ from properties.check import (
     run_kernel,
     run_property,
 )
-from properties.problem import Problem
-from properties.strategies import Sizes, problems
+from flashprop.properties.problem import Problem
+from flashprop.properties.strategies import Sizes, problems
+from hypothesis import assume
+from hypothesis import strategies as st
 
 ODD_HEAD_DIMS = (1, 40, 72, 80, 96, 200)
 #: Lengths that are not a multiple of 16 are not a multiple of any power-of-two tile >= 16.

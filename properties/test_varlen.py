@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from kernels.registry import Kernel
-from properties.agreement import assert_agree, budgets, references_on, total
-from properties.check import Outputs, reference_for, run_kernel, run_property
-from properties.problem import KernelInputs, Problem
-from properties.tolerance import budget
-from properties.variant_problems import variant_problems
-from refimpl.layouts import sequence_kwargs, sequence_slices
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.agreement import assert_agree, budgets, references_on, total
+from flashprop.properties.check import Outputs, reference_for, run_kernel, run_property
+from flashprop.properties.problem import KernelInputs, Problem
+from flashprop.properties.tolerance import budget
+from flashprop.properties.variant_problems import variant_problems
+from flashprop.refimpl.layouts import sequence_kwargs, sequence_slices
 
 
 def _require_varlen(kernel: Kernel) -> None:

@@ -22,12 +22,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.properties.problem import SINKS, KernelInputs, Problem
+from flashprop.properties.strategies import DEFAULT_SIZES, Sizes, problems
 from hypothesis import assume, reject
 from hypothesis import strategies as st
-
-from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from properties.problem import SINKS, KernelInputs, Problem
-from properties.strategies import DEFAULT_SIZES, Sizes, problems
 
 #: The variants a problem can use, in the order properties are reported.
 VARIANTS = ("window", "softcap", "alibi", "sinks", "varlen", "kvcache", "paged", "splits")

@@ -57,11 +57,10 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import torch
-
-from kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from refimpl.golden import check_shapes, default_scale
-from refimpl.masks import causal_offset
-from refimpl.online_softmax import merge_partials
+from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.refimpl.golden import check_shapes, default_scale
+from flashprop.refimpl.masks import causal_offset
+from flashprop.refimpl.online_softmax import merge_partials
 
 NEG_INF = float("-inf")
 TILES = (3, 16, 32, 64, 128)

@@ -31,9 +31,8 @@ from __future__ import annotations
 import math
 
 import torch
-
-from refimpl.masks import mask_mod, score_mod
-from refimpl.online_softmax import NEG_INF, SoftmaxState
+from flashprop.refimpl.masks import mask_mod, score_mod
+from flashprop.refimpl.online_softmax import NEG_INF, SoftmaxState
 
 DEFAULT_CHUNK = 1024
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-
-from refimpl.golden import attention_golden, attention_golden_backward
-from refimpl.yardstick import attention_yardstick
+from flashprop.refimpl.golden import attention_golden, attention_golden_backward
+from flashprop.refimpl.yardstick import attention_yardstick
 
 Dense = Callable[..., tuple[torch.Tensor, ...]]
 

@@ -11,9 +11,8 @@ through it, in the input dtype. Variants are applied with the golden's mods
 from __future__ import annotations
 
 import torch
-
-from refimpl.golden import check_shapes, default_scale, expand_kv
-from refimpl.masks import mask_mod, score_mod
+from flashprop.refimpl.golden import check_shapes, default_scale, expand_kv
+from flashprop.refimpl.masks import mask_mod, score_mod
 
 
 def attention_yardstick(

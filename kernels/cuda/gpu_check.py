@@ -83,7 +83,7 @@ def fwd_bwd(fn, q, k, v, do, dlse, causal, scale):
 
 
 def kernel_fn(q, k, v, causal, scale):
-    from kernels.cuda_attention import attention
+    from flashprop.kernels.cuda_attention import attention
 
     return attention(q, k, v, causal=causal, scale=scale)
 
@@ -202,7 +202,7 @@ def run_correctness(out: Path) -> None:
 
 
 def run_determinism_and_opcheck() -> None:
-    from kernels.cuda_attention import attention
+    from flashprop.kernels.cuda_attention import attention
 
     log("\n== determinism and opcheck")
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -277,9 +277,8 @@ def bench_config(impls: dict, d: int, causal: bool, n: int) -> dict:
 
 def run_bench(out: Path, quick: bool) -> None:
     import torch.nn.functional as F
+    from flashprop.kernels.cuda_attention import attention
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from kernels.cuda_attention import attention
 
     def sdpa(backend):
         def fn(q, k, v, causal):
@@ -335,7 +334,7 @@ def main() -> int:
         )
         os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="flashprop_ext_"))
         os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
-        from kernels import cuda_attention
+        from flashprop.kernels import cuda_attention
 
         t0 = time.perf_counter()
         reason = cuda_attention.unavailable_reason()

@@ -91,7 +91,7 @@ def dense(q, k, v, causal, scale, dtype):
 
 
 def run_case(case, seed=0):
-    from kernels.triton_attention import attention
+    from flashprop.kernels.triton_attention import attention
 
     b, hq, hkv, nq, nk, d, dv, causal, dt, bm, bn, strided = case
     dtype = DTYPES[dt]
@@ -147,7 +147,7 @@ def run_case(case, seed=0):
 
 
 def gradcheck_fp64():
-    from kernels.triton_attention import attention
+    from flashprop.kernels.triton_attention import attention
 
     torch.manual_seed(0)
     q = torch.randn(1, 2, 5, 3, device="cuda", dtype=torch.float64, requires_grad=True)
@@ -173,7 +173,7 @@ def worker_correctness(idx_cases):
 
 def worker_compile_bench(key):
     """Compile (and roughly tune) the autotuned kernels of one benchmark key at N=4096."""
-    from kernels.triton_attention import attention
+    from flashprop.kernels.triton_attention import attention
 
     dt, d, causal = key
     n = BENCH_NS[0]
@@ -190,10 +190,9 @@ def worker_compile_bench(key):
 
 def bench_one(dt, d, causal, n):
     """TFLOP/s of triton, SDPA flash and SDPA cuDNN on one benchmark problem."""
+    import flashprop.kernels.triton_attention as ta
     import triton
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import kernels.triton_attention as ta
 
     b, h = 16384 // n, 2048 // d
     q, k, v = (
@@ -237,7 +236,7 @@ def bench_one(dt, d, causal, n):
 
 
 def bench():
-    import kernels.triton_attention as ta
+    import flashprop.kernels.triton_attention as ta
 
     rows = []
     for dt, d, causal in BENCH_KEYS:
