@@ -8,8 +8,8 @@
 ``fuzz`` is the main job: every applicable property on the kernel (a registered name,
 ``module:attr`` or ``path/to/file.py:attr``) with the ``fuzz`` Hypothesis profile, the
 per-property table, each failure shrunk with its repro; exit status 1 on any failure. It runs
-pytest on the installed property modules (``flashprop.properties``), so anything after ``--``
-goes to pytest.
+pytest on the installed property modules (``flashprop.properties``); arguments it does not
+know, and anything after ``--``, go to pytest.
 """
 
 from __future__ import annotations
@@ -92,7 +92,6 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--example-db", metavar="DIR|URL", help="shared Hypothesis example database")
     f.add_argument("--properties", nargs="*", metavar="NAME",
                    help="property modules to run (golden, variants, varlen, ...; default: all)")
-    f.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: passed to pytest")
     f.set_defaults(run=fuzz)
     k = sub.add_parser("kernels", help="the registered kernels and what each declares")
     k.set_defaults(run=kernels)
@@ -105,9 +104,17 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = parser().parse_args(argv)
-    if getattr(ns, "pytest_args", None) and ns.pytest_args[0] == "--":
-        ns.pytest_args = ns.pytest_args[1:]
+    """Run a subcommand; ``fuzz`` passes the arguments it does not know (or those after ``--``)
+    on to pytest."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    extra: list[str] = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, extra = argv[:at], argv[at + 1 :]
+    ns, unknown = parser().parse_known_args(argv)
+    if unknown and ns.command != "fuzz":
+        parser().error(f"unrecognized arguments: {' '.join(unknown)}")
+    ns.pytest_args = [*unknown, *extra]
     return ns.run(ns)
 
 
