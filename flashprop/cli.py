@@ -32,7 +32,8 @@ def _plugin_args() -> list[str]:
 def _pytest(args: list[str]) -> int:
     import pytest
 
-    return int(pytest.main([*_plugin_args(), "-p", "no:cacheprovider", *args]))
+    quiet = ["-p", "no:cacheprovider", "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    return int(pytest.main([*_plugin_args(), *quiet, *args]))
 
 
 def fuzz(ns: argparse.Namespace) -> int:

@@ -84,11 +84,15 @@ def failure(
 
 
 def replay_command(kernel: str, prop: str, problem: Problem) -> str:
-    """The pytest command that runs property ``prop`` on ``problem`` only (``--replay``), aimed
-    at the running test function (from ``PYTEST_CURRENT_TEST``) when there is one."""
+    """The command that runs property ``prop`` on ``problem`` only (``--replay``): pytest aimed
+    at the running test function (from ``PYTEST_CURRENT_TEST``) when its file is in the
+    working tree, else (flashprop installed, tests collected with ``--pyargs``) the ``flashprop
+    replay`` command, which works from any folder with the user's python."""
     current = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("[")[0]
     arg = f"{prop}:{problem.describe()}"
     quoted = f'"{arg}"' if not set(arg) & set('"$`\\!') else shlex.quote(arg)  # readable quoting
+    if current.startswith("::") or "site-packages" in current:
+        return f"python -m flashprop.cli replay {shlex.quote(kernel)} {quoted} --device {problem.device}"
     return (
         f"python -m pytest {current or 'properties'} -q -p no:cacheprovider "
         f"--kernel {shlex.quote(kernel)} --device {problem.device} --replay {quoted}"
