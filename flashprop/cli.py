@@ -15,6 +15,7 @@ know, and anything after ``--``, go to pytest.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib.metadata import entry_points
 
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run a subcommand; ``fuzz`` passes the arguments it does not know (or those after ``--``)
     on to pytest."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # find my_pkg.mod:attn as `python -m` would, from here
     extra: list[str] = []
     if "--" in argv:
         at = argv.index("--")
