@@ -52,7 +52,7 @@ def fuzz(ns: argparse.Namespace) -> int:
 
 
 def replay(ns: argparse.Namespace) -> int:
-    args = ["--pyargs", PACKAGE, "-q", "--kernel", ns.kernel, "--replay", ns.problem]
+    args = ["--pyargs", PACKAGE, "-q", "-m", "not meta", "--kernel", ns.kernel, "--replay", ns.problem]
     if ns.device:
         args += ["--device", ns.device]
     return _pytest(args)
