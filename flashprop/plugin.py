@@ -13,6 +13,14 @@ Options:
                                               (``properties/known_failures.py``)
     --example-db DIR|redis://HOST:PORT/N      Hypothesis example database shared by every
                                               worker and run (a directory, or Redis)
+    --time 10m                                time box: spread over the properties still to
+                                              run, each stops when its share is spent
+                                              (``properties/timebox.py``); the fuzz profile
+                                              on the CPU with the default kernel is boxed at
+                                              DEFAULT_CPU_BOX unless --time or --max-examples
+
+Long runs print a progress line now and then; SIGTERM (a CI timeout) stops the run like SIGINT,
+with the table.
 
 Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count; the
 workers' tallies are merged into the one summary table; a worker that dies (segfault, lost CUDA
@@ -28,6 +36,8 @@ or that does not declare the device, is skipped with the reason.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -46,6 +56,9 @@ settings.register_profile("dev", _BASE, max_examples=30)
 settings.register_profile("fuzz", _BASE, max_examples=500, phases=list(Phase))
 settings.register_profile("gpu", _BASE, max_examples=100, derandomize=True, database=None)
 settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
+#: The time box of the fuzz profile's main job on the CPU with the default kernel (the Triton
+#: interpreter): a first table within minutes; --time or --max-examples go deeper.
+DEFAULT_CPU_BOX = 240.0
 #: The --known-failures entries, and those that matched no collected test.
 _KNOWN = pytest.StashKey[list]()
 _UNMATCHED = pytest.StashKey[list]()
@@ -74,6 +87,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "failures found by any worker or run are replayed first by the others",
     )
     group.addoption(
+        "--time",
+        default=None,
+        metavar="DURATION",
+        help="time box for the whole run (600, 90s, 10m, 1h): each property gets its share",
+    )
+    group.addoption(
         "--known-failures",
         default=None,
         metavar="PATH",
@@ -92,7 +111,13 @@ def _device(config: pytest.Config) -> str:
 
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)  # a CI timeout ends the run as Ctrl-C does: with the table
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
     if _device(config) == "cpu":
@@ -161,6 +186,38 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         from flashprop.properties.report import rows
 
         worker_output["flashprop_tallies"] = rows()
+
+
+def _time_box(config: pytest.Config) -> float | None:
+    """Seconds of the run's time box: ``--time``, or DEFAULT_CPU_BOX for the fuzz profile's
+    main job on the CPU with the default kernel (no --kernel, no --max-examples)."""
+    from flashprop.properties.timebox import parse_duration
+
+    if config.getoption("--time"):
+        try:
+            return parse_duration(config.getoption("--time"))
+        except ValueError as err:
+            raise pytest.UsageError(f"--time: {err}") from err
+    default_main_job = (
+        config.getoption("--hypothesis-profile", None) == "fuzz"
+        and _device(config) == "cpu"
+        and not config.getoption("--kernel")
+        and config.getoption("--max-examples") is None
+    )
+    return DEFAULT_CPU_BOX if default_main_job else None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    from flashprop.properties import timebox
+
+    config = session.config
+    seconds = _time_box(config)
+    if seconds is not None and getattr(config, "workerinput", None) is None:
+        properties = [i for i in session.items if "kernel" in getattr(i, "fixturenames", ())]
+        timebox.start(seconds, len(properties))
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and getattr(config, "workerinput", None) is None:
+        timebox.follow(reporter.write_line, reporter.isatty)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -233,6 +290,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     terminalreporter.section("flashprop: examples per property")
     for line in lines:
         terminalreporter.write_line(line)
+    from flashprop.properties import timebox
+
+    if timebox.summary():
+        terminalreporter.write_line(f"flashprop: {timebox.summary()}")
     failed = [(k, t) for k, t in sorted(TALLIES.items()) if t.last_failure]
     if failed:
         terminalreporter.section("flashprop: failures (shrunk problem and repro)")

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 from flashprop.kernels.registry import Kernel
+from flashprop.properties import timebox
 from flashprop.properties.diagnosis import diagnose
 from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.report import REPLAY_HEADER, begin, noting, record
+from flashprop.properties.report import REPLAY_HEADER, TALLIES, begin, noting, record
 from flashprop.properties.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
@@ -306,9 +307,16 @@ def run_property(
         problems, n = st.just(replay_problem), 1
         base = settings(base, database=None, phases=[Phase.generate])
 
+    slot = timebox.share()
+
     @settings(base, max_examples=n)
     @given(problems)
     def examples(problem: Problem) -> None:
+        tally = TALLIES[(kernel.name, prop)]
+        if slot is not None and time.monotonic() > slot[0] and not tally.failed:
+            timebox.note_cut()  # a property that found a failure shrinks it whatever the time
+            pytest.skip(f"time box: {prop}'s share ({slot[1]:.0f} s) was spent after {tally.run} "
+                        "examples (they are in the table)")
         if noting():
             begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
         start = time.perf_counter()

@@ -10,6 +10,8 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
+from flashprop.properties import timebox
+
 OUTCOMES = ("passed", "refused", "failed")
 #: The line of a failure report after which comes the command that replays it alone
 #: (written by properties.check.failure, read by ci/replay_failures.py).
@@ -36,6 +38,8 @@ TALLIES: dict[tuple[str, str], Tally] = defaultdict(Tally)
 #: :func:`autosave`): a process killed before its summary keeps all but its last seconds.
 AUTOSAVE_SECONDS = 10.0
 _autosave = {"path": None, "at": 0.0}
+#: Examples and failures recorded in this process (for the progress lines).
+_totals = {"examples": 0, "failed": 0}
 
 
 def autosave(path: str) -> None:
@@ -45,6 +49,7 @@ def autosave(path: str) -> None:
 
 
 def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | None = None) -> None:
+    """Count one example of ``prop`` on ``kernel`` (``failure``: its report)."""
     tally = TALLIES[(kernel, prop)]
     setattr(tally, outcome, getattr(tally, outcome) + 1)
     tally.seconds += seconds
@@ -56,6 +61,9 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | 
     if _autosave["path"] and (first_failure or now - _autosave["at"] >= AUTOSAVE_SECONDS):
         _autosave["at"] = now
         dump(_autosave["path"])
+    _totals["examples"] += 1
+    _totals["failed"] += outcome == "failed"
+    timebox.tick(_totals["examples"], _totals["failed"], len(TALLIES))
 
 
 def summary_lines() -> list[str]:

@@ -1,0 +1,84 @@
+"""The time box (``--time 10m``) and live progress of long runs.
+
+A time box spreads the run's time over the property tests still to run: each property, when it
+starts, gets ``(time left) / (properties left)`` (so the time of properties that finish early
+or are skipped goes to the later ones) and stops drawing examples when its share is spent. A
+property that has found a failure is never cut: it shrinks and reports as usual. A cut property
+is reported as skipped with its reason, and its examples stay in the table (libFuzzer's
+``-max_total_time`` is the habit).
+
+Progress: while examples run, a line every :data:`EVERY` seconds (every :data:`EVERY_CI`
+seconds when the output is not a terminal, as in CI logs) says how many properties, examples
+and failures so far, and the time.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+#: Seconds between progress lines on a terminal, and in logs.
+EVERY, EVERY_CI = 15.0, 120.0
+_DURATION = re.compile(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*")
+
+_box: dict[str, float] = {}
+_progress: dict = {"write": None, "every": EVERY, "start": 0.0, "last": 0.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``90``, ``90s``, ``10m``, ``1h``, ``1h30m``."""
+    parts = _DURATION.fullmatch(text)
+    if not text.strip() or parts is None or not any(parts.groups()):
+        raise ValueError(f"not a duration: {text!r} (examples: 600, 90s, 10m, 1h30m)")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
+    return hours * 3600 + minutes * 60 + seconds
+
+
+def start(seconds: float, properties: int) -> None:
+    """Box the run: ``seconds`` in all, for ``properties`` property tests."""
+    _box.update(end=time.monotonic() + seconds, left=float(max(1, properties)), total=seconds, cut=0.0)
+
+
+def boxed() -> bool:
+    return bool(_box)
+
+
+def share() -> tuple[float, float] | None:
+    """At a property's start: ``(its deadline, its share in seconds)``, or ``None`` unboxed."""
+    if not _box:
+        return None
+    seconds = max(0.0, _box["end"] - time.monotonic()) / max(1.0, _box["left"])
+    _box["left"] = max(1.0, _box["left"] - 1)
+    return time.monotonic() + seconds, seconds
+
+
+def note_cut() -> None:
+    _box["cut"] = _box.get("cut", 0.0) + 1
+
+
+def summary() -> str | None:
+    """The time box's closing line, or ``None`` when the run was not boxed."""
+    if not _box:
+        return None
+    total = _box["total"]
+    return (f"time box {total / 60:.1f} min: {int(_box['cut'])} properties stopped when their share was "
+            "spent; go deeper with --time 30m (or more), or --max-examples N without --time")
+
+
+def follow(write: Callable[[str], None], terminal: bool) -> None:
+    """Write progress lines with ``write``, more often on a terminal than in a log."""
+    _progress.update(write=write, every=EVERY if terminal else EVERY_CI, start=time.monotonic(),
+                     last=time.monotonic())
+
+
+def tick(examples: int, failed: int, properties: int) -> None:
+    """Called after each example: a progress line when one is due."""
+    now = time.monotonic()
+    if _progress["write"] is None or now - _progress["last"] < _progress["every"]:
+        return
+    _progress["last"] = now
+    elapsed = now - _progress["start"]
+    left = f", {max(0.0, _box['end'] - now) / 60:.1f} min left in the time box" if _box else ""
+    _progress["write"](f"flashprop progress: {properties} properties, {examples} examples, {failed} failed, "
+                       f"{elapsed / 60:.1f} min{left}")
