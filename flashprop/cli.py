@@ -86,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fuzz", help="fuzz kernels with every applicable property (the main job)",
                        description=fuzz.__doc__ or __doc__.split("\n\n")[1])
     f.add_argument("kernel", nargs="+", help="registered name, module:attr or path/to/file.py:attr")
-    f.add_argument("--max-examples", type=int, help="examples per property (weighted per property)")
+    f.add_argument("--max-examples", type=int,
+                   help="examples per property, times its weight (forward 1, backward 3/4, most others 1/2)")
     f.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda if available)")
     f.add_argument("-n", "--workers", help="pytest-xdist workers (a number or 'auto')")
     f.add_argument("--json", metavar="FILE", help="write the per-property tallies as JSON")

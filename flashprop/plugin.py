@@ -68,7 +68,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flashprop")
     group.addoption("--kernel", action="append", default=[], help="kernel under test (repeatable)")
     group.addoption("--device", default=None, choices=("cpu", "cuda"), help="tensor device")
-    group.addoption("--max-examples", type=int, default=None, help="examples per property")
+    group.addoption(
+        "--max-examples",
+        type=int,
+        default=None,
+        help="examples per property, times the property's weight: forward 1, backward 3/4, most others "
+        "1/2, malformed inputs 1/4, long sequences less (the table shows what each ran)",
+    )
     group.addoption("--max-n", type=int, default=None, help="largest sequence length drawn")
     group.addoption(
         "--tally-json", default=None, help="also write the per-property tallies to this JSON file"
