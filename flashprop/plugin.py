@@ -160,9 +160,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from flashprop.properties.campaign import example_database
 
         overrides["database"] = example_database(config.getoption("--example-db"))
-    if overrides:
-        settings.register_profile("flashprop-cli", settings(settings.default, **overrides))
-        settings.load_profile("flashprop-cli")
+    if overrides:  # applied by each property on top of the profile Hypothesis loaded
+        import flashprop.properties.check
+
+        flashprop.properties.check.OVERRIDES.update(overrides)
     worker = getattr(config, "workerinput", None)
     if worker is not None:
         from flashprop.properties.campaign import configure_worker

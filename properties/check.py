@@ -102,6 +102,9 @@ def replay_command(kernel: str, prop: str, problem: Problem) -> str:
 
 #: Set by ``--replay PROPERTY:Problem(...)``: run only that property, on only that problem.
 REPLAY: tuple[str, Problem] | None = None
+#: Settings the command line sets over the loaded profile (``--max-examples``, ``--example-db``),
+#: applied when each property runs, whatever order the plugins loaded their profiles in.
+OVERRIDES: dict = {}
 
 
 @dataclass
@@ -298,7 +301,7 @@ def run_property(
             f"the CUDA context is broken since kernel {culprit} failed in {what} (reported there); "
             "test each kernel in its own process (ci/gpu-check does)"
         )
-    base = settings.default
+    base = settings(settings.default, **OVERRIDES)
     n = max(1, round(base.max_examples * weight))
     if REPLAY is not None:
         replay_prop, replay_problem = REPLAY

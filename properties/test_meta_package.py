@@ -9,6 +9,7 @@ JSON and JUnit XML when asked.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -23,9 +24,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_wheel_installs_only_the_flashprop_namespace(tmp_path: Path):
+    # built from a copy: an in-tree build leaves build/ and an egg-info (whose entry points other
+    # processes running from the root would see) in the working tree
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".git", ".tox", "build", "*.egg-info",
+                                                                 "__pycache__", ".hypothesis"))
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path),
-         str(ROOT)], capture_output=True, text=True, timeout=300)
+         str(source)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stdout + build.stderr
     (wheel,) = tmp_path.glob("flashprop-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
