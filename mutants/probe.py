@@ -1,59 +1,112 @@
-"""A pytest plugin for :mod:`mutants.run`: where and when the first property failure happened.
+"""A pytest plugin for :mod:`mutants.run`: which property caught each mutant, and when.
 
 Loaded with ``-p mutants.probe``; it does nothing unless ``FLASHPROP_PROBE_OUT`` names a file.
-It wraps the per-example bookkeeping of :mod:`properties.check` (every example of every property
-passes through ``record``) and, at the end of the session, writes JSON to that file:
-``examples`` (examples run before and including the first failing one, over all properties),
-``seconds`` (from the end of collection to that failure), ``property`` (the first failing
-property), and ``failure`` (the last failure message: after shrinking, the minimal problem).
+One pytest session checks several mutants (``--kernel mutants.catalogue:A --kernel ...``): the
+kernel fixture is session-scoped, so pytest runs every test of one kernel before the next, in
+the property files' order. For each kernel the probe counts the examples (it wraps
+``properties.check.record``, through which every example of every property passes) and the
+seconds spent in that kernel's tests; a kernel is *caught* by its first failing test, after
+which the rest of its tests are skipped (``-x`` per kernel), as they are once its time budget
+(``FLASHPROP_PROBE_BUDGET`` seconds) is spent. At the end of the session it writes JSON to the
+file: per kernel spec, ``status`` (``caught``, ``survived``, ``timeout`` or ``error``),
+``property`` (the first failing property), ``examples`` (examples of that kernel up to and
+including the first failing one), ``seconds`` (time in that kernel's tests up to the failure,
+shrinking included), ``examples_total`` and ``failure`` (the kernel's last failure message: after
+shrinking, the minimal problem) or ``detail``.
 
 ``FLASHPROP_SHRINK_SECONDS`` caps the time Hypothesis spends shrinking a failure (its private
-``MAX_SHRINKING_SECONDS``, 300 s by default), so a slow kernel cannot spend its whole budget
-shrinking.
+``MAX_SHRINKING_SECONDS``, 300 s by default), so a slow kernel cannot spend its budget shrinking.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
 
 OUT_ENV = "FLASHPROP_PROBE_OUT"
 SHRINK_ENV = "FLASHPROP_SHRINK_SECONDS"
+BUDGET_ENV = "FLASHPROP_PROBE_BUDGET"
+
+
+@dataclass
+class KernelProbe:
+    """What the session did to one kernel."""
+
+    status: str = "survived"
+    property: str | None = None
+    examples: int | None = None
+    seconds: float | None = None
+    examples_total: int = 0
+    spent: float = 0.0
+    failure: str | None = None
+    detail: str = "every property passed"
 
 
 class Probe:
-    """Counts examples and remembers the first and the last failure."""
+    """Per kernel spec: examples, time, first and last failure; skips a kernel once caught."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, budget: float | None) -> None:
         self.out = out
-        self.start = time.perf_counter()
-        self.examples = 0
-        self.first: dict | None = None
-        self.last_failure: str | None = None
+        self.budget = budget
+        self.kernels: dict[str, KernelProbe] = {}
+        self.current: str | None = None
+        self.started = 0.0
+
+    def of(self, spec: str) -> KernelProbe:
+        return self.kernels.setdefault(spec, KernelProbe())
 
     def wrap(self, record: Callable[..., None]) -> Callable[..., None]:
         def probed(kernel: str, prop: str, outcome: str, seconds: float, failure: str | None = None) -> None:
-            self.examples += 1
-            if outcome == "failed":
-                if self.first is None:
-                    elapsed = time.perf_counter() - self.start
-                    self.first = {"property": prop, "examples": self.examples, "seconds": elapsed}
-                self.last_failure = failure
+            if self.current is not None:
+                probe = self.of(self.current)
+                probe.examples_total += 1
+                if outcome == "failed":
+                    if probe.property is None:
+                        probe.property, probe.examples = prop, probe.examples_total
+                    probe.failure = failure
             record(kernel, prop, outcome, seconds, failure)
 
         return probed
 
+    def skip_reason(self, spec: str) -> str | None:
+        probe = self.of(spec)
+        if probe.status == "caught":
+            return "mutant already caught"
+        if probe.status == "error":
+            return "mutant errored"
+        if self.budget is not None and probe.spent > self.budget:
+            probe.status, probe.detail = "timeout", f"no property failed within {self.budget:.0f} s"
+            return "mutant's time budget spent"
+        return None
+
+    def finish_test(self, spec: str, report: pytest.TestReport, name: str) -> None:
+        probe = self.of(spec)
+        probe.spent += report.duration
+        if not report.failed or probe.status in ("caught", "error"):
+            return
+        if report.when == "call":
+            probe.status, probe.seconds = "caught", probe.spent
+            probe.property = probe.property or name
+            probe.examples = probe.examples or probe.examples_total
+            probe.failure = probe.failure or str(report.longrepr)[-2000:]
+        else:
+            probe.status, probe.detail = "error", f"{report.when} of {name}: {str(report.longrepr)[-300:]}"
+
     def write(self) -> None:
-        result = {"examples_total": self.examples, "failure": self.last_failure, **(self.first or {})}
-        self.out.write_text(json.dumps(result))
+        self.out.write_text(json.dumps({spec: asdict(p) for spec, p in self.kernels.items()}))
 
 
 _PROBE: Probe | None = None
+
+
+def _spec(item: pytest.Item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return None if callspec is None else callspec.params.get("kernel")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,15 +119,38 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the clock and hook ``properties.check.record`` once the test modules are imported."""
+    """Hook ``properties.check.record`` once the test modules are imported."""
     global _PROBE
     out = os.environ.get(OUT_ENV)
     if not out:
         return
     import flashprop.properties.check as check
 
-    _PROBE = Probe(Path(out))
+    budget = os.environ.get(BUDGET_ENV)
+    _PROBE = Probe(Path(out), float(budget) if budget else None)
     check.record = _PROBE.wrap(check.record)
+    for item in session.items:
+        spec = _spec(item)
+        if spec is not None:
+            _PROBE.of(spec)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip the tests of a kernel already caught (or out of budget)."""
+    spec = _spec(item)
+    if _PROBE is None or spec is None:
+        return
+    _PROBE.current = spec
+    reason = _PROBE.skip_reason(spec)
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _PROBE is None or _PROBE.current is None:
+        return
+    _PROBE.finish_test(_PROBE.current, report, report.nodeid.split("::")[-1].split("[")[0])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
