@@ -36,7 +36,6 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from triton.runtime.jit import JITFunction
 
 TARGET = GPUTarget("cuda", 90, 32)
 #: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.
@@ -93,11 +92,13 @@ def _specialized(fn, constants: dict) -> tuple[dict, dict]:
     return constants, attrs
 
 
-def _compile(jit, constants: dict, num_warps: int, num_stages: int,
-             specialize: bool = False, pointer: str = "bf16") -> tuple[float, int]:
-    fn = jit
-    while not isinstance(fn, JITFunction):  # an Autotuner wraps the JITFunction
-        fn = fn.fn
+def compile_kernel(fn, constants: dict, num_warps: int, num_stages: int,
+                   specialize: bool = False, pointer: str = "bf16") -> tuple[float, int]:
+    """Compile JIT function ``fn`` (a :class:`~kernels.triton_attention.Pass`'s ``jit`` or
+    ``plain``) for sm_90a with these compile-time ``constants`` (those it does not take are
+    dropped), warps and stages, ``pointer`` elements (bf16, fp16, fp32, fp64) and, when
+    ``specialize``, the launcher's specialisation for a contiguous problem. Returns (seconds,
+    bytes of shared memory)."""
     constants = {k: v for k, v in constants.items() if k in fn.arg_names}
     attrs = None
     if specialize:
@@ -111,74 +112,69 @@ def _compile(jit, constants: dict, num_warps: int, num_stages: int,
     return time.perf_counter() - start, kernel.metadata.shared
 
 
-def _meta(d: int, dv: int, tma: bool = False, dtype: torch.dtype = DTYPE,
-          causal: bool = True) -> dict:
+def compile_meta(d: int, dv: int, tma: bool = False, dtype: torch.dtype = DTYPE,
+                 causal: bool = True) -> dict:
     """The kernel's own compile-time parameters for a problem of these head dims, dtype (bf16)
     and causality (causal) (``tma``: the forward reads through tensor descriptors)."""
     q = torch.empty((1, 1, 4096, d), dtype=dtype, device="meta")
     v = torch.empty((1, 1, 4096, dv), dtype=dtype, device="meta")
-    meta = ta._meta(q, v, causal=causal)
+    meta = ta.launch_meta(q, v, causal=causal)
     return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma}
 
 
 def main() -> int:
-    kernels = {"fwd": ta._attn_fwd_plain, "dkdv": ta._attn_bwd_dkdv_plain, "dq": ta._attn_bwd_dq_plain}
+    passes = {name: ta.PASSES[name] for name in ta.TILED_PASSES}
     cases = []
+    tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
     for d, dv in ((64, 64), (200, 200), (17, 16)):
-        options = ta._explicit_launch_options(64, 64, d, dv, DTYPE.itemsize)
-        meta = _meta(d, dv)
-        for name, jit in kernels.items():
-            tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
+        options = ta.explicit_launch_options(64, 64, d, dv, DTYPE.itemsize)
+        meta = compile_meta(d, dv)
+        for name, p in passes.items():
             label = f"{name} d={d} dv={dv} 64x64, unspecialised"
-            cases.append((label, jit, {**meta, **tiles}, options, False, "bf16"))
+            cases.append((label, p.plain, {**meta, **tiles}, options, False, "bf16"))
         if d % 8 == 0:  # 16-byte rows: the forward reads q, k, v through TMA descriptors
             label = f"fwd d={d} dv={dv} 64x64 TMA, unspecialised"
-            cases.append((label, kernels["fwd"], {**_meta(d, dv, tma=True), **tiles}, options, False,
-                          "bf16"))
+            cases.append((label, passes["fwd"].plain, {**compile_meta(d, dv, tma=True), **tiles}, options,
+                          False, "bf16"))
         pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
-        pre["BLOCK_M"] = ta._PREPROCESS_BLOCK_M
-        cases.append((f"preprocess dv={dv}", ta._attn_bwd_preprocess_plain, pre,
+        pre["BLOCK_M"] = ta.PREPROCESS_BLOCK_M
+        cases.append((f"bwd_preprocess dv={dv}", ta.PASSES["bwd_preprocess"].plain, pre,
                       {"num_warps": 4, "num_stages": 1}, False, "bf16"))
     # fp32: IEEE dots unrolled into multiply-adds, the slowest variants to compile
-    options = ta._explicit_launch_options(64, 64, 64, 64, torch.float32.itemsize)
-    for name, jit in kernels.items():
-        cases.append((f"{name} d=64 fp32 64x64 {options}, unspecialised", jit,
-                      {**_meta(64, 64), "BLOCK_M": 64, "BLOCK_N": 64}, options, False, "fp32"))
-    tuned = {
-        "fwd": (ta._attn_fwd_tuned, ta._FWD_CONFIGS),
-        "dkdv": (ta._attn_bwd_dkdv_tuned, ta._DKDV_CONFIGS),
-        "dq": (ta._attn_bwd_dq_tuned, ta._DQ_CONFIGS),
-    }
-    for name, (jit, configs) in tuned.items():
-        config = configs[0]
-        meta = {**_meta(128, 128), **config.kwargs}
+    options = ta.explicit_launch_options(64, 64, 64, 64, torch.float32.itemsize)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 fp32 64x64 {options}, unspecialised", p.plain,
+                      {**compile_meta(64, 64), **tiles}, options, False, "fp32"))
+    for name, p in passes.items():
+        config = p.configs[0]
+        meta = {**compile_meta(128, 128), **config.kwargs}
         options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-        cases.append((f"{name} d=128 autotune config {config.kwargs}, specialised", jit, meta, options, True,
-                      "bf16"))
-    config = ta._FWD_CONFIGS[0]
-    meta = {**_meta(128, 128, tma=True), **config.kwargs}
+        cases.append((f"{name} d=128 autotune config {config.kwargs}, specialised", p.jit, meta, options,
+                      True, "bf16"))
+    config = passes["fwd"].configs[0]
+    meta = {**compile_meta(128, 128, tma=True), **config.kwargs}
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
-    cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", ta._attn_fwd_tuned, meta,
+    cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", passes["fwd"].jit, meta,
                   options, True, "bf16"))
 
-    if ta._attn_fwd_tuned.cache_results:
+    if passes["fwd"].tuned.cache_results:
         print("compile-triton: FAILED the forward's autotuner caches to disk under "
               "TRITON_CACHE_AUTOTUNING=1 (its pre_hook configs are not saved)", file=sys.stderr)
         return 1
-    for tuner, absent in ((ta._attn_fwd_tuned, set()), (ta._attn_bwd_dkdv_tuned, {"TMA"}),
-                          (ta._attn_bwd_dq_tuned, {"TMA"})):
+    for name, p in passes.items():
         # Triton drops key names that are not parameters of the kernel without a word: such a
         # key would let different problems share one tuning. Only the backward lacks TMA.
-        unknown = set(tuner.keys) - absent - set(tuner.arg_names)
+        absent = set() if name == "fwd" else {"TMA"}
+        unknown = set(p.tuned.keys) - absent - set(p.tuned.arg_names)
         if unknown:
-            print(f"compile-triton: FAILED {tuner.base_fn.__name__}'s autotuning key names "
+            print(f"compile-triton: FAILED {name}'s autotuning key names "
                   f"{sorted(unknown)}, not parameters of the kernel", file=sys.stderr)
             return 1
     total = time.perf_counter()
-    for label, jit, meta, options, specialize, pointer in cases:
+    for label, fn, meta, options, specialize, pointer in cases:
         try:
-            seconds, smem = _compile(jit, meta, options["num_warps"], options["num_stages"], specialize,
-                                     pointer)
+            seconds, smem = compile_kernel(fn, meta, options["num_warps"], options["num_stages"],
+                                           specialize, pointer)
         except Exception as err:  # any compiler error fails the check, with its message
             print(f"compile-triton: FAILED {label}: {type(err).__name__}: {err}", file=sys.stderr)
             return 1

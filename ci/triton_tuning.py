@@ -74,9 +74,8 @@ def _probe(call, cfg: Config, setup: RoundSetup, tma: str, mode: str) -> dict[st
     """Tune every pass (one call), then time each pass pinned to each configuration it timed."""
     import flashprop.kernels.triton_attention as ta
 
-    tuners = {"fwd": ta._attn_fwd_tuned}
-    if mode == "fwd+bwd":
-        tuners |= {"bwd_dkdv": ta._attn_bwd_dkdv_tuned, "bwd_dq": ta._attn_bwd_dq_tuned}
+    names = ta.TILED_PASSES if mode == "fwd+bwd" else ("fwd",)
+    tuners = {name: ta.PASSES[name].tuned for name in names}
     known = {name: set(tuner.cache) for name, tuner in tuners.items()}
     call()  # tunes the passes this problem has not tuned yet
     torch.cuda.synchronize()

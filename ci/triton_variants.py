@@ -32,7 +32,7 @@ from flashprop.properties.problem import Problem
 from flashprop.properties.strategies import device_sizes, problems
 from hypothesis import HealthCheck, given, settings
 
-from ci.compile_triton import _compile, _meta
+from ci.compile_triton import compile_kernel, compile_meta
 
 POINTER = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
            torch.float64: "fp64"}
@@ -59,12 +59,12 @@ def variant(p: Problem) -> Variant | None:
     """The compile-time constants of ``p``'s launches with explicit or fixed tiles, or None
     when the autotuner picks them (large 16-bit problems) or the tiles are refused."""
     try:
-        tiles = ta._resolve_tiles(p.nq, p.nk, p.d, p.dv, p.dtype, p.block_m, p.block_n)
+        tiles = ta.resolve_tiles(p.nq, p.nk, p.d, p.dv, p.dtype, p.block_m, p.block_n)
     except NotImplementedError:  # tiles over the shared-memory budget
         return None
     if tiles is None:
         return None
-    bd, bdv = ta._pow2_dim(p.d), ta._pow2_dim(p.dv)
+    bd, bdv = ta.padded_head_dim(p.d), ta.padded_head_dim(p.dv)
     return (p.dtype, tiles, bd, bdv, bd == p.d, bdv == p.dv, p.causal)
 
 
@@ -72,10 +72,11 @@ def compile_seconds(v: Variant) -> float:
     """Seconds to compile the forward (pointer loads), dK/dV and dQ passes of ``v``."""
     dtype, (bm, bn), bd, bdv, even_d, even_dv, causal = v
     d, dv = (bd if even_d else bd - 1), (bdv if even_dv else bdv - 1)
-    options = ta._explicit_launch_options(bm, bn, d, dv, dtype.itemsize)
-    meta = {**_meta(d, dv, dtype=dtype, causal=causal), "BLOCK_M": bm, "BLOCK_N": bn}
-    return sum(_compile(jit, meta, options["num_warps"], options["num_stages"], pointer=POINTER[dtype])[0]
-               for jit in (ta._attn_fwd_plain, ta._attn_bwd_dkdv_plain, ta._attn_bwd_dq_plain))
+    options = ta.explicit_launch_options(bm, bn, d, dv, dtype.itemsize)
+    meta = {**compile_meta(d, dv, dtype=dtype, causal=causal), "BLOCK_M": bm, "BLOCK_N": bn}
+    return sum(compile_kernel(ta.PASSES[name].plain, meta, options["num_warps"], options["num_stages"],
+                              pointer=POINTER[dtype])[0]
+               for name in ta.TILED_PASSES)
 
 
 def main() -> int:

@@ -37,13 +37,7 @@ from collections.abc import Callable
 
 import torch
 from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, Limit
-from flashprop.kernels.validate import (
-    check_alibi,
-    check_cu_seqlens,
-    check_packed,
-    check_softcap,
-    check_window,
-)
+from flashprop.kernels.validate import check_variants, check_varlen
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
@@ -189,16 +183,16 @@ def _dense(
     alibi_slopes: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The dense entry point's work, after the device checks."""
-    window = None if window_size is None else check_window(window_size)
-    softcap = check_softcap(softcap)
     b, hq, nq, _ = q.shape
+    var = check_variants(
+        b, hq, q.dtype, q.device, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes
+    )
     nk, device = k.shape[2], str(q.device)
     slope = None
-    if alibi_slopes is not None:
-        slopes = check_alibi(alibi_slopes, b, hq, q.device)
+    if (slopes := var.alibi_slopes) is not None:
         slope = (lambda b, h, q_idx: slopes[h]) if slopes.dim() == 1 else (lambda b, h, q_idx: slopes[b, h])
-    score_mod = _score_mod(_dense_coords(nq, nk, device), softcap, slope, device)
-    return _flex(q, k, v, score_mod, _dense_block_mask(nq, nk, causal, window, device), scale)
+    score_mod = _score_mod(_dense_coords(nq, nk, device), var.softcap, slope, device)
+    return _flex(q, k, v, score_mod, _dense_block_mask(nq, nk, causal, var.window, device), scale)
 
 
 def attention(
@@ -283,24 +277,22 @@ def _varlen(
     alibi_slopes: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The varlen entry point's work, after the device checks."""
-    check_packed(q, k, v)
-    n_seq = check_cu_seqlens(
-        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device
+    n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    var = check_variants(
+        n_seq, q.shape[1], q.dtype, q.device, window_size=window_size, softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
-    window = None if window_size is None else check_window(window_size)
-    softcap = check_softcap(softcap)
     device = str(q.device)
     cu_q, cu_k = tuple(cu_seqlens_q.tolist()), tuple(cu_seqlens_k.tolist())
     docs = _documents(cu_q, cu_k, device)
     slope = None
-    if alibi_slopes is not None:
-        slopes = check_alibi(alibi_slopes, n_seq, q.shape[1], q.device)
+    if (slopes := var.alibi_slopes) is not None:
         doc_q = docs.doc_q
         slope = (lambda b, h, q_idx: slopes[h]) if slopes.dim() == 1 else (
             lambda b, h, q_idx: slopes[doc_q[q_idx], h]
         )
-    score_mod = _score_mod(docs.coords(), softcap, slope, device)
-    block_mask = _document_block_mask(cu_q, cu_k, causal, window, device)
+    score_mod = _score_mod(docs.coords(), var.softcap, slope, device)
+    block_mask = _document_block_mask(cu_q, cu_k, causal, var.window, device)
     o, lse = _flex(*(t.transpose(0, 1)[None] for t in (q, k, v)), score_mod, block_mask, scale)
     return o[0].transpose(0, 1), lse[0]
 

@@ -5,6 +5,26 @@ A kernel is named by a registered name (``triton``, ``cuda``, ``ref-blocked``, `
 ``module:attr`` or by ``path/to/file.py:attr``. A kernel callable or its module may define
 ``unavailable_reason()`` returning why the kernel cannot run here (``None`` when it can); the
 loader then raises :class:`KernelUnavailable` and the suite skips the kernel with that reason.
+Which registered kernels each run takes (the CPU run, the GPU property, fuzz and benchmark
+runs, the benchmarks' anchors) is said once, below :data:`BUILTIN`.
+
+To add a kernel adapter:
+
+1. Write ``attention(q, k, v, *, causal=False, scale=None)`` to the contract (README's
+   conventions: (B, H, N, D) layout, GQA, bottom-right causal, empty rows): it returns
+   ``(o, lse)``, or ``o`` alone, and refuses what it cannot do with ValueError, TypeError or
+   NotImplementedError naming it. ``block_m`` / ``block_n`` keywords if it takes tile sizes.
+2. Declare what it supports: ``attention.capabilities = Capabilities(...)``
+   (``kernels/capabilities.py``: dtypes, devices, head dims, tiles, backward, variants, and each
+   known limit as a ``Limit`` with its reason). Variants are keywords of ``attention`` and the
+   entry points ``attention.varlen`` / ``attention.kvcache`` (``docs/variants.md``); check their
+   inputs with ``kernels/validate.py`` (``check_variants``, ``check_varlen``, ``check_decode``).
+3. Give the callable or its module ``unavailable_reason()`` when it cannot run everywhere (no
+   GPU, a package or a build missing).
+4. Register a name for it in :data:`BUILTIN` and add the name to the runs below that should
+   take it. (Unregistered, ``--kernel module:attr`` or ``--kernel path/file.py:attr`` load it.)
+5. Run the suite on it: ``python -m pytest properties --kernel NAME [--device cuda]``; every
+   failure prints its problem and a repro.
 """
 
 from __future__ import annotations
@@ -31,6 +51,23 @@ BUILTIN: dict[str, str] = {
     "flex": "flashprop.kernels.flex:attention",
     "flash-attn": "flashprop.kernels.flash_attn_adapter:attention",
 }
+
+# Which registered kernels each run takes, per purpose (the CI scripts, tox.ini and the benchmark
+# suites read these; a new kernel joins a run by being added here).
+#: The default CPU run (tox's ``py`` environment, ``mutants.run``'s correct kernels among them):
+#: the kernels that run on a machine without a GPU.
+CPU_KERNELS: tuple[str, ...] = ("ref-blocked", "sdpa-math", "triton")
+#: The property suite on a GPU (``ci/gpu-check``), slowest to compile first.
+GPU_PROPERTY_KERNELS: tuple[str, ...] = (
+    "triton", "cuda", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex",
+)
+#: The long fuzz runs on a GPU: the fused kernels written here.
+GPU_FUZZ_KERNELS: tuple[str, ...] = ("triton", "cuda")
+#: Anchors per device: what every benchmarked kernel's speed is compared with, in the same run
+#: (``extra_info["ratios"]``, which ``ci/bench_gate.py`` gates).
+BENCH_ANCHORS: dict[str, tuple[str, ...]] = {"cuda": ("sdpa-flash", "sdpa-cudnn"), "cpu": ("sdpa-math",)}
+#: The GPU benchmark grid: the fused kernels and the CUDA anchors.
+GPU_BENCH_KERNELS: tuple[str, ...] = ("triton", "cuda", *BENCH_ANCHORS["cuda"])
 
 
 class KernelUnavailable(RuntimeError):

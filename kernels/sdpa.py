@@ -49,14 +49,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
-from flashprop.kernels.validate import (
-    check_alibi,
-    check_cache,
-    check_cu_seqlens,
-    check_num_splits,
-    check_packed,
-    check_window,
-)
+from flashprop.kernels.validate import check_decode, check_variants, check_varlen
 from flashprop.refimpl.masks import visible_mask
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -155,12 +148,11 @@ def _dense_call(
     becomes a mask with the causal edge in it."""
     if window_size is None and alibi_slopes is None:
         return _plain_call(q, k, v, causal=causal, scale=scale)
-    window = None if window_size is None else check_window(window_size)
-    slopes = None
-    if alibi_slopes is not None:
-        slopes = _head_slopes(check_alibi(alibi_slopes, q.shape[0], q.shape[1], q.device), q.shape[1])
+    b, hq = q.shape[:2]
+    var = check_variants(b, hq, q.dtype, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     rows, cols = _positions(q.shape[2], 2, q.device), _positions(k.shape[2], 3, q.device)
-    mask = _attn_mask(rows, cols, causal=causal, window=window, slopes=slopes, keep=None, dtype=q.dtype)
+    mask = _attn_mask(rows, cols, causal=causal, window=var.window, slopes=slopes, keep=None, dtype=q.dtype)
     return _Call(q, k, v, mask, causal and mask is None, scale)
 
 
@@ -187,23 +179,20 @@ def _varlen_call(
     alibi_slopes: torch.Tensor | None = None,
 ) -> _Call:
     """Packed (T, H, D) inputs as one batch element (1, H, T, D) with a block-diagonal mask."""
-    check_packed(q, k, v)
+    n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     tq, hq = q.shape[:2]
-    n_seq = check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, tq, k.shape[0], max_seqlen_q, max_seqlen_k, q.device)
-    window = None if window_size is None else check_window(window_size)
+    var = check_variants(n_seq, hq, q.dtype, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     seq_q, pos_q = _sequence_positions(cu_seqlens_q, tq)
     seq_k, pos_k = _sequence_positions(cu_seqlens_k, k.shape[0])
-    slopes = None
-    if alibi_slopes is not None:
-        check_alibi(alibi_slopes, n_seq, hq, q.device)
+    slopes = var.alibi_slopes
+    if slopes is not None:
         # (Hq,) slopes are shared; of (B, Hq) slopes each query row takes its sequence's row
-        shared = alibi_slopes.dim() == 1
-        slopes = _head_slopes(alibi_slopes, hq) if shared else alibi_slopes[seq_q].T[None, :, :, None]
+        slopes = _head_slopes(slopes, hq) if slopes.dim() == 1 else slopes[seq_q].T[None, :, :, None]
     mask = _attn_mask(
         pos_q.view(1, 1, -1, 1),
         pos_k.view(1, 1, 1, -1),
         causal=causal,
-        window=window,
+        window=var.window,
         slopes=slopes,
         keep=seq_q.view(1, 1, -1, 1) == seq_k.view(1, 1, 1, -1),
         dtype=q.dtype,
@@ -233,13 +222,10 @@ def _kvcache_call(
     alibi_slopes: torch.Tensor | None = None,
 ) -> _Call:
     """Decode inputs (B, Nq, H, D) against the gathered cache, keys past each length masked."""
-    check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
-    check_num_splits(num_splits, max_splits=1)
-    window = None if window_size is None else check_window(window_size)
+    check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits=1)
     b, nq, hq, _ = q.shape
-    slopes = None
-    if alibi_slopes is not None:
-        slopes = _head_slopes(check_alibi(alibi_slopes, b, hq, q.device), hq)
+    var = check_variants(b, hq, q.dtype, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     length = int(cache_seqlens.max()) if b else 0
     inside = torch.arange(length, device=q.device) < cache_seqlens[:, None]  # (B, length)
     k, v = (
@@ -250,7 +236,7 @@ def _kvcache_call(
         _positions(nq, 2, q.device),
         _positions(length, 3, q.device),
         causal=causal,
-        window=window,
+        window=var.window,
         slopes=slopes,
         keep=inside[:, None, None, :],
         dtype=q.dtype,

@@ -39,7 +39,9 @@ Stages of this file:
   3. backward preprocess: Delta and the base-2 lse used by the backward
   4. backward dK/dV kernel (one program per key tile and kv head)
   5. backward dQ kernel (one program per query tile and query head)
-  6. tile choice: autotuner configs (GPU) and the fixed interpreter tiles
+  6. tile choice: autotuner configs (GPU) and the fixed interpreter tiles; the passes
+     (``PASSES``) with ``launch_meta``, ``resolve_tiles``, ``padded_head_dim`` and
+     ``explicit_launch_options``: the public API of the tuning and compilation tools in ci/
   7. host side: input checks, launchers, autograd, ``attention`` and its capabilities
 
 Forward memory access: 16-bit q, k, v (and o) whose rows and strides are 16-byte aligned go
@@ -57,6 +59,7 @@ import inspect
 import math
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -566,7 +569,7 @@ TILE_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 #: ``block_m`` / ``block_n`` is given on a GPU.
 _DEFAULT_TILE: int = 32 if INTERPRET else 64
 #: Query rows per program of the backward preprocess (not autotuned: it is memory-bound).
-_PREPROCESS_BLOCK_M: int = 32 if INTERPRET else 64
+PREPROCESS_BLOCK_M: int = 32 if INTERPRET else 64
 #: Shared-memory budget (bytes) an explicit tile pair must fit on a GPU; see _smem_bytes.
 _SMEM_BUDGET: int = 160 * 1024
 #: CUDA's limit on the second grid axis, which carries batch * heads.
@@ -593,8 +596,9 @@ _LONG_SEQUENCE: int = 2048
 _MIN_TILE_DIM: int = 16 if INTERPRET else 64
 
 
-def _pow2_dim(d: int) -> int:
-    """Head dim padded to a tile width: the next power of two, at least _MIN_TILE_DIM."""
+def padded_head_dim(d: int) -> int:
+    """Head dim ``d`` padded to a tile width (``BLOCK_D`` / ``BLOCK_DV``): the next power of
+    two, at least _MIN_TILE_DIM."""
     return max(_MIN_TILE_DIM, triton.next_power_of_2(d))
 
 
@@ -608,12 +612,12 @@ def _explicit_tiles_fit(block_m: int, block_n: int, d: int, dv: int, dtype: torc
     """Whether explicit tiles fit the GPU's shared-memory budget with one pipeline stage
     (in every kernel: the query tile and the key tile are each resident in one of them)."""
     itemsize = dtype.itemsize
-    width = _pow2_dim(d) + _pow2_dim(dv)
+    width = padded_head_dim(d) + padded_head_dim(dv)
     return _smem_bytes(block_m, block_n, width, itemsize, 1) <= _SMEM_BUDGET
 
 
-def _explicit_launch_options(block_m: int, block_n: int, d: int, dv: int,
-                             itemsize: int) -> dict[str, int]:
+def explicit_launch_options(block_m: int, block_n: int, d: int, dv: int,
+                            itemsize: int) -> dict[str, int]:
     """num_warps / num_stages for explicit tiles: two stages when they fit, else one; warps by
     the tile's multiply-adds per dot, BLOCK_M x BLOCK_N x padded head dim: eight from 2^18 on;
     in fp32, whose IEEE dots are multiply-adds without tensor cores, eight from 2^17 and
@@ -624,10 +628,10 @@ def _explicit_launch_options(block_m: int, block_n: int, d: int, dv: int,
     ci/compile_triton.py's compiler call for sm_90a, forward + dK/dV + dQ: bf16, D = 200,
     64 x 64 tiles: 20.5 s with four warps, 7.8 s with eight; fp32, D = 64, 64 x 64: 42 s with
     four, 15 s with eight; fp32, D = 128, 64 x 64: 32 s with eight, 14 s with sixteen."""
-    width = _pow2_dim(d) + _pow2_dim(dv)
+    width = padded_head_dim(d) + padded_head_dim(dv)
     two_stages = max(_smem_bytes(block_m, block_n, width, itemsize, 2),
                      _smem_bytes(block_n, block_m, width, itemsize, 2))
-    work = block_m * block_n * max(_pow2_dim(d), _pow2_dim(dv))
+    work = block_m * block_n * max(padded_head_dim(d), padded_head_dim(dv))
     if itemsize == 4:
         warps = min(16, max(4, work // 2**14))
     else:
@@ -723,11 +727,6 @@ def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) ->
     return tuner
 
 
-_attn_fwd_tuned = _autotuned(_attn_fwd, _FWD_CONFIGS, "BLOCK_M")
-_attn_bwd_dkdv_tuned = _autotuned(_attn_bwd_dkdv, _DKDV_CONFIGS, "BLOCK_N")
-_attn_bwd_dq_tuned = _autotuned(_attn_bwd_dq, _DQ_CONFIGS, "BLOCK_M")
-
-
 def _unspecialized(kernel: Callable) -> Callable:
     """``kernel`` compiled once per set of compile-time constants, whatever its other arguments.
 
@@ -744,10 +743,42 @@ def _unspecialized(kernel: Callable) -> Callable:
     return triton.jit(kernel.fn, do_not_specialize=runtime)  # pointers lose their alignment too
 
 
-_attn_fwd_plain = _unspecialized(_attn_fwd)
-_attn_bwd_preprocess_plain = _unspecialized(_attn_bwd_preprocess)
-_attn_bwd_dkdv_plain = _unspecialized(_attn_bwd_dkdv)
-_attn_bwd_dq_plain = _unspecialized(_attn_bwd_dq)
+@dataclass(frozen=True)
+class Pass:
+    """One GPU pass of the kernel, as the launcher and the tuning and compilation tools
+    (``ci/compile_triton.py``, ``ci/triton_variants.py``, ``ci/triton_tuning.py``) see it.
+
+    Attributes:
+        jit: the JIT function, specialised by Triton on its integer and pointer arguments: what
+            the autotuned path launches (large 16-bit problems on a GPU).
+        plain: its unspecialised twin (:func:`_unspecialized`): what explicit and fixed tiles
+            launch, compiled once per set of compile-time constants.
+        tuned: the autotuner over ``jit`` (``None``: not autotuned).
+        configs: the autotuner's candidate configurations, in order (empty when not tuned).
+    """
+
+    jit: Callable
+    plain: Callable
+    tuned: Callable | None = None
+    configs: tuple[triton.Config, ...] = ()
+
+
+def _tiled_pass(kernel: Callable, configs: list[triton.Config], resident: str) -> Pass:
+    """A tiled pass: autotuned over ``configs`` (``resident``: its resident tile) on a GPU."""
+    return Pass(kernel, _unspecialized(kernel), _autotuned(kernel, configs, resident), tuple(configs))
+
+
+#: The passes of one forward and backward, in launch order, named as :func:`last_launch` names
+#: them: the forward (o, lse), the backward preprocess (Delta, base-2 lse; PREPROCESS_BLOCK_M
+#: query rows per program, not tuned: it is memory-bound), dK/dV and dQ.
+PASSES: dict[str, Pass] = {
+    "fwd": _tiled_pass(_attn_fwd, _FWD_CONFIGS, "BLOCK_M"),
+    "bwd_preprocess": Pass(_attn_bwd_preprocess, _unspecialized(_attn_bwd_preprocess)),
+    "bwd_dkdv": _tiled_pass(_attn_bwd_dkdv, _DKDV_CONFIGS, "BLOCK_N"),
+    "bwd_dq": _tiled_pass(_attn_bwd_dq, _DQ_CONFIGS, "BLOCK_M"),
+}
+#: The passes that take (BLOCK_M, BLOCK_N) tiles: explicit, fixed or autotuned.
+TILED_PASSES: tuple[str, ...] = ("fwd", "bwd_dkdv", "bwd_dq")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -812,14 +843,15 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if tile is not None and tile not in TILE_SIZES:
             raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
-    return _resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
+    return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
 
 
-def _resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
-                   block_m: int | None, block_n: int | None) -> Tiles:
-    """The tiles a launch uses: the autotuner's (None) for large 16-bit problems without
-    explicit tiles on a GPU, fixed ones for other problems without, else the explicit ones
-    (a missing one defaults), refused when they overflow shared memory."""
+def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
+                  block_m: int | None, block_n: int | None) -> Tiles:
+    """The tiles a launch of an (Nq, Nk, D, Dv, dtype) problem uses: the autotuner's (None) for
+    large 16-bit problems without explicit tiles on a GPU, fixed ones for other problems
+    without, else the explicit ones (a missing one defaults), refused with NotImplementedError
+    when they overflow shared memory. The same (BLOCK_M, BLOCK_N) serve every tiled pass."""
     if block_m is None and block_n is None and not INTERPRET:
         if dtype.itemsize == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
             return None
@@ -831,12 +863,14 @@ def _resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
     return tiles
 
 
-def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
-    """Keyword parameters shared by the forward and backward kernels: the head dims (runtime
-    values) and the compile-time tile widths, which every head dim padding to the same width
-    shares (one compilation for D = 65..128, not one per D)."""
+def launch_meta(q: Tensor, v: Tensor, causal: bool) -> dict:
+    """Keyword parameters shared by the forward and backward kernels of :data:`PASSES` for
+    queries like ``q`` and values like ``v`` (shapes and dtype only: meta tensors do): the head
+    dims (runtime values) and the compile-time constants, among them the tile widths, which
+    every head dim padding to the same width shares (one compilation for D = 65..128, not one
+    per D). The forward adds ``TMA``; the launch adds ``BLOCK_M`` and ``BLOCK_N``."""
     d, dv = q.shape[-1], v.shape[-1]
-    block_d, block_dv = _pow2_dim(d), _pow2_dim(dv)
+    block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
     return {
         "head_dim": d, "head_dim_v": dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv,
@@ -852,21 +886,22 @@ def _meta(q: Tensor, v: Tensor, causal: bool) -> dict:
 _LAST_LAUNCH: dict[str, tuple[int, int, int, int, bool, bool]] = {}
 
 
-def _launch(kernel: Callable, tuned: Callable, grid: Callable[[int, int], tuple[int, int]],
-            args: tuple, meta: dict, tiles: Tiles) -> None:
-    """Launch ``kernel`` (an unspecialised twin) with explicit tiles, or the specialised,
-    autotuned ``tuned`` when ``tiles`` is None. ``grid(BLOCK_M, BLOCK_N)`` gives the grid."""
+def _launch(name: str, grid: Callable[[int, int], tuple[int, int]], args: tuple, meta: dict,
+            tiles: Tiles) -> None:
+    """Launch pass ``name`` of :data:`PASSES`: its unspecialised twin with explicit tiles, or its
+    specialised autotuner when ``tiles`` is None. ``grid(BLOCK_M, BLOCK_N)`` gives the grid."""
+    tuned, kernel = PASSES[name].tuned, PASSES[name].plain
     if tiles is None:
         tuned[lambda cfg: grid(cfg["BLOCK_M"], cfg["BLOCK_N"])](*args, **meta)
         cfg = tuned.best_config
         launched = (cfg.kwargs["BLOCK_M"], cfg.kwargs["BLOCK_N"], cfg.num_warps, cfg.num_stages)
     else:
         block_m, block_n = tiles
-        options = _explicit_launch_options(block_m, block_n, meta["head_dim"],
-                                           meta["head_dim_v"], _itemsize(args[0]))
+        options = explicit_launch_options(block_m, block_n, meta["head_dim"],
+                                          meta["head_dim_v"], _itemsize(args[0]))
         kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
         launched = (block_m, block_n, options["num_warps"], options["num_stages"])
-    _LAST_LAUNCH[kernel.fn.__name__] = (*launched, bool(meta.get("TMA")), tiles is None)
+    _LAST_LAUNCH[name] = (*launched, bool(meta.get("TMA")), tiles is None)
 
 
 def last_launch() -> dict[str, str]:
@@ -874,8 +909,7 @@ def last_launch() -> dict[str, str]:
     ``bwd_dq``), e.g. ``{"fwd": "128x64 w8 s3 TMA (tuned)"}``: which configuration the
     autotuner picked, for benchmark reports (``benchmarks.bench_attention`` records it)."""
     return {
-        name.removeprefix("_attn_"):
-            f"{bm}x{bn} w{warps} s{stages}{' TMA' if tma else ''} ({'tuned' if tuned else 'fixed'})"
+        name: f"{bm}x{bn} w{warps} s{stages}{' TMA' if tma else ''} ({'tuned' if tuned else 'fixed'})"
         for name, (bm, bn, warps, stages, tma, tuned) in _LAST_LAUNCH.items()
     }
 
@@ -902,7 +936,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
     tensors = (q, k, v, o)
     strides = [t.stride() for t in tensors]
-    meta = {**_meta(q, v, causal), "TMA": _tma_ready(*tensors)}
+    meta = {**launch_meta(q, v, causal), "TMA": _tma_ready(*tensors)}
     if meta["TMA"]:  # boxes sized here for explicit tiles, by _descriptor_boxes when tuned
         tensors = tuple(TensorDescriptor(t, list(t.shape), list(st), [1, 1, 16, 16])
                         for t, st in zip(tensors, strides, strict=True))
@@ -910,8 +944,7 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
         _descriptor_boxes({**dict(zip(("Q", "K", "V", "Out"), tensors, strict=True)), **meta,
                            "BLOCK_M": block_m, "BLOCK_N": block_n})
     args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk, scale * LOG2E)
-    _launch(_attn_fwd_plain, _attn_fwd_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
-            args, meta, tiles)
+    _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm), b * hq), args, meta, tiles)
     return o, lse
 
 
@@ -920,27 +953,27 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
               tiles: Tiles) -> tuple[Tensor, Tensor, Tensor]:
     b, hq, nq, _ = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    meta = _meta(q, v, causal)
+    meta = launch_meta(q, v, causal)
 
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
-    preprocess = _attn_bwd_preprocess if tiles is None else _attn_bwd_preprocess_plain
-    preprocess[(triton.cdiv(nq, _PREPROCESS_BLOCK_M), b * hq)](
+    preprocess = PASSES["bwd_preprocess"].jit if tiles is None else PASSES["bwd_preprocess"].plain
+    preprocess[(triton.cdiv(nq, PREPROCESS_BLOCK_M), b * hq)](
         o, do, lse, dlse, delta, lse2, *o.stride(), *do.stride(), *dlse.stride(), hq, nq,
         head_dim_v=meta["head_dim_v"], EVEN_DV=meta["EVEN_DV"], BLOCK_DV=meta["BLOCK_DV"],
         ACC_DTYPE=meta["ACC_DTYPE"],
-        BLOCK_M=_PREPROCESS_BLOCK_M,
+        BLOCK_M=PREPROCESS_BLOCK_M,
     )
 
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
-    _launch(_attn_bwd_dkdv_plain, _attn_bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
+    _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
              hkv, hq // hkv, nq, nk, scale * LOG2E, scale),
             meta, tiles)
-    _launch(_attn_bwd_dq_plain, _attn_bwd_dq_tuned, lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
+    _launch("bwd_dq", lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
             (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
              hq, hq // hkv, nq, nk, scale * LOG2E, scale),
             meta, tiles)

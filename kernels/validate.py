@@ -1,14 +1,26 @@
-"""Checks of variant inputs (``docs/variants.md``) shared by the adapters.
+"""Checks of variant inputs (``docs/variants.md``) shared by the adapters and the blocked kernel.
 
 Each function raises ``TypeError`` (wrong type or dtype) or ``ValueError`` (wrong shape or value)
 with a message naming the argument and what is wrong, so a malformed call is a clear refusal
 under the error contract instead of a wrong answer or an obscure failure deeper down. The checks
 of index tensors read their values on the host (a device synchronisation, once per call).
+
+What an entry point calls before its kernel runs, one line per concern:
+
+    check_variants(batch, heads, dtype, device, window_size=..., softcap=..., alibi_slopes=...,
+                   sinks=...)                       -> Variants (every entry point)
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+                                                    -> the number of sequences (varlen)
+    check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits)
+                                                    -> the cache capacity (KV-cache decode)
+
+The finer checks they are made of (``check_window``, ``check_cache``, ...) are public too.
 """
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 
 import torch
 
@@ -65,14 +77,68 @@ def check_alibi(alibi_slopes: object, batch: int, heads: int, device: torch.devi
     return alibi_slopes
 
 
-def check_num_splits(num_splits: object, max_splits: int) -> int:
+def check_sinks(sinks: object, heads: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``sinks``: one logit per query head, a tensor of shape ``(heads,)`` on ``device``, float32
+    (float32 or float64 when the inputs' ``dtype`` is float64)."""
+    allowed = {torch.float32, torch.float64} if dtype == torch.float64 else {torch.float32}
+    if not isinstance(sinks, torch.Tensor) or sinks.dtype not in allowed:
+        raise TypeError(
+            "sinks must be a float32 tensor (or float64 with float64 inputs), "
+            f"got {getattr(sinks, 'dtype', type(sinks).__name__)}"
+        )
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks must have shape (Hq,) = ({heads},), got {tuple(sinks.shape)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks are on {sinks.device}, the queries on {device}")
+    return sinks
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The checked variant keywords of one call.
+
+    Attributes:
+        window: ``(left, right)`` (-1: that side unbounded), or ``None``: no window.
+        softcap: the cap t of ``s -> t * tanh(s / t)``; 0 is off.
+        alibi_slopes: float32 slopes of shape (Hq,) or (B, Hq), or ``None``.
+        sinks: the sink logits (Hq,), or ``None``.
+    """
+
+    window: tuple[int, int] | None = None
+    softcap: float = 0.0
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+
+
+def check_variants(
+    batch: int,
+    heads: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    window_size: object = None,
+    softcap: object = 0.0,
+    alibi_slopes: object = None,
+    sinks: object = None,
+) -> Variants:
+    """The variant keywords of a call with ``batch`` sequences (batch elements) and ``heads`` query
+    heads of inputs in ``dtype`` on ``device``, checked (``None`` and 0 mean off)."""
+    return Variants(
+        window=None if window_size is None else check_window(window_size),
+        softcap=check_softcap(softcap),
+        alibi_slopes=None if alibi_slopes is None else check_alibi(alibi_slopes, batch, heads, device),
+        sinks=None if sinks is None else check_sinks(sinks, heads, dtype, device),
+    )
+
+
+def check_num_splits(num_splits: object, max_splits: int | None) -> int:
     """Decode's ``num_splits``: an int >= 0 (0: the kernel chooses); more than ``max_splits`` (what
-    the kernel declares) raises ``NotImplementedError``."""
+    the kernel declares; ``None``: no limit) raises ``NotImplementedError``."""
     if not _is_int(num_splits):
         raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__}")
     if num_splits < 0:
         raise ValueError(f"num_splits must be >= 0 (0: the kernel chooses), got {num_splits}")
-    if num_splits > max_splits:
+    if max_splits is not None and num_splits > max_splits:
         raise NotImplementedError(f"num_splits={num_splits}: at most {max_splits} split(s) supported")
     return num_splits
 
@@ -133,6 +199,23 @@ def check_cu_seqlens(
     return len(nq)
 
 
+def check_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: object,
+    cu_seqlens_k: object,
+    max_seqlen_q: object,
+    max_seqlen_k: object,
+) -> int:
+    """A varlen call's packed tensors (:func:`check_packed`) and sequence boundaries
+    (:func:`check_cu_seqlens`); returns the number of sequences B."""
+    check_packed(q, k, v)
+    return check_cu_seqlens(
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device
+    )
+
+
 def check_cache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -166,6 +249,8 @@ def check_cache(
         if table.dim() != 2 or table.shape[0] != b:
             raise ValueError(f"block_table must have shape ({b}, max_pages), got {tuple(table.shape)}")
         num_pages = k_cache.shape[0]
+        if k_cache.shape[1] == 0:
+            raise ValueError(f"a paged cache needs page_size >= 1, got k_cache {tuple(k_cache.shape)}")
         if table.numel() and not bool(((table >= 0) & (table < num_pages)).all()):
             raise ValueError(
                 f"block_table entries must be page indices in [0, {num_pages}), got "
@@ -177,4 +262,20 @@ def check_cache(
         raise ValueError(f"cache_seqlens must have shape ({b},), got {tuple(lengths.shape)}")
     if b and not bool(((lengths >= 0) & (lengths <= capacity)).all()):
         raise ValueError(f"cache_seqlens must be in [0, {capacity}] (the capacity), got {lengths.tolist()}")
+    return capacity
+
+
+def check_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: object,
+    block_table: object | None,
+    num_splits: object,
+    max_splits: int | None,
+) -> int:
+    """A KV-cache decode call's tensors and lengths (:func:`check_cache`) and its ``num_splits``
+    (:func:`check_num_splits`); returns the cache capacity."""
+    capacity = check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    check_num_splits(num_splits, max_splits)
     return capacity

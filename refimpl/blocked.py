@@ -52,12 +52,11 @@ lse_s = -inf; the sink belongs to the first run), and the partials merge by thei
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
-from itertools import pairwise
 
 import torch
 from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.kernels.validate import check_decode, check_variants, check_varlen
 from flashprop.refimpl.golden import check_shapes, default_scale
 from flashprop.refimpl.masks import causal_offset
 from flashprop.refimpl.online_softmax import merge_partials
@@ -339,7 +338,7 @@ def _settings(
     return scale, block_m, block_n
 
 
-def _variant_settings(
+def _variants(
     q: torch.Tensor,
     batch: int,
     hq: int,
@@ -348,81 +347,30 @@ def _variant_settings(
     alibi_slopes: torch.Tensor | None,
     sinks: torch.Tensor | None,
 ) -> tuple[Window, float, torch.Tensor | None]:
-    """Check the variant keywords; returns the window (``(-1, -1)``: none), the softcap and the
-    ALiBi slopes as (batch, Hq) in the accumulator dtype (``None``: no ALiBi)."""
-    window = (-1, -1) if window_size is None else window_size
-    if not (
-        isinstance(window, tuple | list)
-        and len(window) == 2
-        and all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window)
-    ):
-        raise ValueError(f"window_size must be a pair of ints >= -1 (-1: unbounded), got {window_size!r}")
-    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not (
-        math.isfinite(softcap) and softcap >= 0
-    ):
-        raise ValueError(f"softcap must be a finite number >= 0 (0: off), got {softcap!r}")
-    slopes = None
-    if alibi_slopes is not None:
-        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
-            got = getattr(alibi_slopes, "dtype", alibi_slopes)
-            raise TypeError(f"alibi_slopes must be a float32 tensor, got {got}")
-        if tuple(alibi_slopes.shape) not in ((hq,), (batch, hq)):
-            raise ValueError(
-                f"alibi_slopes must have shape (Hq,) = ({hq},) or (B, Hq) = ({batch}, {hq}), "
-                f"got {tuple(alibi_slopes.shape)}"
-            )
-        if alibi_slopes.device != q.device:
-            raise ValueError(f"alibi_slopes are on {alibi_slopes.device}, q on {q.device}")
-        slopes = alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
-    if sinks is not None:
-        allowed = {torch.float32, torch.float64} if q.dtype == torch.float64 else {torch.float32}
-        if not isinstance(sinks, torch.Tensor) or sinks.dtype not in allowed:
-            raise TypeError(
-                "sinks must be a float32 tensor (or float64 with float64 inputs), "
-                f"got {getattr(sinks, 'dtype', sinks)}"
-            )
-        if tuple(sinks.shape) != (hq,):
-            raise ValueError(f"sinks must have shape (Hq,) = ({hq},), got {tuple(sinks.shape)}")
-        if sinks.device != q.device:
-            raise ValueError(f"sinks are on {sinks.device}, q on {q.device}")
-    return (window[0], window[1]), float(softcap), slopes
+    """Check the variant keywords (:func:`kernels.validate.check_variants`); returns the window
+    (``(-1, -1)``: none), the softcap and the ALiBi slopes as (batch, Hq) in the accumulator dtype
+    (``None``: no ALiBi)."""
+    var = check_variants(
+        batch, hq, q.dtype, q.device, window_size=window_size, softcap=softcap,
+        alibi_slopes=alibi_slopes, sinks=sinks,
+    )
+    slopes = None if var.alibi_slopes is None else var.alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
+    return var.window or (-1, -1), var.softcap, slopes
 
 
 def _sequences(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     cu_seqlens_q: torch.Tensor,
     cu_seqlens_k: torch.Tensor,
     max_seqlen_q: int,
     max_seqlen_k: int,
-    tq: int,
-    tk: int,
 ) -> list[tuple[slice, slice]]:
-    """Check the varlen sequence boundaries; returns each sequence's token ranges ``(q, k)``."""
-    bounds = []
-    for name, cu, total, longest, max_name in (
-        ("cu_seqlens_q", cu_seqlens_q, tq, max_seqlen_q, "max_seqlen_q"),
-        ("cu_seqlens_k", cu_seqlens_k, tk, max_seqlen_k, "max_seqlen_k"),
-    ):
-        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32:
-            raise TypeError(f"{name} must be an int32 tensor, got {getattr(cu, 'dtype', type(cu).__name__)}")
-        if cu.dim() != 1 or cu.numel() < 2:
-            raise ValueError(f"{name} must be 1-d with B + 1 >= 2 entries, got shape {tuple(cu.shape)}")
-        ends = cu.tolist()
-        if ends[0] != 0:
-            raise ValueError(f"{name} must start at 0, got {ends[0]}")
-        if ends[-1] != total:
-            raise ValueError(f"{name} must end at the number of packed tokens {total}, got {ends[-1]}")
-        if any(b < a for a, b in pairwise(ends)):
-            raise ValueError(f"{name} must be non-decreasing, got {ends}")
-        lengths = [b - a for a, b in pairwise(ends)]
-        if isinstance(longest, bool) or not isinstance(longest, int) or longest < max(lengths):
-            raise ValueError(f"{max_name}={longest!r} is below the longest sequence ({max(lengths)})")
-        bounds.append(ends)
-    if len(bounds[0]) != len(bounds[1]):
-        raise ValueError(
-            f"cu_seqlens_q and cu_seqlens_k describe different batch sizes: {len(bounds[0])} and "
-            f"{len(bounds[1])} entries"
-        )
-    cq, ck = bounds
+    """Check the packed tensors and the sequence boundaries (:func:`kernels.validate.check_varlen`);
+    returns each sequence's token ranges ``(q, k)``."""
+    check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     return [(slice(cq[s], cq[s + 1]), slice(ck[s], ck[s + 1])) for s in range(len(cq) - 1)]
 
 
@@ -434,54 +382,12 @@ def _cache_lengths(
     block_table: torch.Tensor | None,
     num_splits: int,
 ) -> list[int]:
-    """Check the decode inputs; returns ``cache_seqlens`` as a list."""
-    if q.dim() != 4:
-        raise ValueError(f"kvcache expects q (B, Nq, Hq, D), got {q.dim()} dims")
-    if k_cache.dim() != 4 or v_cache.dim() != 4:
-        raise ValueError(
-            "kvcache expects k_cache, v_cache (B, Ncache, Hkv, D) or paged (num_pages, page_size, Hkv, D), "
-            f"got {k_cache.dim()} and {v_cache.dim()} dims"
-        )
-    b, nq, hq, d = q.shape
-    if nq < 1:
+    """Check the decode inputs (:func:`kernels.validate.check_decode`; any number of splits
+    works, however many are declared); returns ``cache_seqlens`` as a list."""
+    check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits=None)
+    if q.shape[1] < 1:
         raise ValueError("kvcache needs at least one query per sequence (Nq >= 1)")
-    if tuple(k_cache.shape[:3]) != tuple(v_cache.shape[:3]):
-        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ")
-    hkv = k_cache.shape[2]
-    if k_cache.shape[3] != d:
-        raise ValueError(f"q head dim {d} != k_cache head dim {k_cache.shape[3]}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
-    if block_table is None:
-        if k_cache.shape[0] != b:
-            raise ValueError(f"a contiguous cache needs B={b} rows, got {k_cache.shape[0]}")
-        capacity = k_cache.shape[1]
-    else:
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-            got = getattr(block_table, "dtype", block_table)
-            raise TypeError(f"block_table must be an int32 tensor, got {got}")
-        if block_table.dim() != 2 or block_table.shape[0] != b:
-            raise ValueError(f"block_table must be (B, max_pages) with B={b}, got {tuple(block_table.shape)}")
-        num_pages, page_size = k_cache.shape[:2]
-        if page_size < 1:
-            raise ValueError("the paged cache has page_size 0")
-        if block_table.numel() and not (0 <= int(block_table.min()) and int(block_table.max()) < num_pages):
-            raise ValueError(
-                f"block_table entries must be page indices in [0, {num_pages}), got "
-                f"[{int(block_table.min())}, {int(block_table.max())}]"
-            )
-        capacity = block_table.shape[1] * page_size
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
-        got = getattr(cache_seqlens, "dtype", cache_seqlens)
-        raise TypeError(f"cache_seqlens must be an int32 tensor, got {got}")
-    if tuple(cache_seqlens.shape) != (b,):
-        raise ValueError(f"cache_seqlens must have shape (B,) = ({b},), got {tuple(cache_seqlens.shape)}")
-    lengths = cache_seqlens.tolist()
-    if any(not 0 <= n <= capacity for n in lengths):
-        raise ValueError(f"cache_seqlens must lie in [0, {capacity}] (the cache capacity), got {lengths}")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (0: the kernel chooses), got {num_splits!r}")
-    return lengths
+    return cache_seqlens.tolist()
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -506,7 +412,7 @@ def attention(
     check_shapes(q, k, v)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = q.shape[:2]
-    window, softcap, slopes = _variant_settings(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
     return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes)
 
 
@@ -530,13 +436,10 @@ def varlen(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences (``flash_attn_varlen_func``): q (Tq, Hq, D), k (Tk, Hkv, D),
     v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``."""
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"varlen expects packed q, k, v (T, H, D), got {q.dim()}, {k.dim()}, {v.dim()} dims")
-    check_shapes(*(_bhnd(t) for t in (q, k, v)))
+    seqs = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
-    seqs = _sequences(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, q.shape[0], k.shape[0])
     b, hq = len(seqs), q.shape[1]
-    window, softcap, slopes = _variant_settings(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
     outs, lses = [], []
     for s, (sq, sk) in enumerate(seqs):
         slopes_s = None if slopes is None else slopes[s : s + 1]  # (B, Hq) slopes: row s
@@ -574,7 +477,7 @@ def kvcache(
     lengths = _cache_lengths(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
     scale, block_m, block_n = _settings(q, k_cache, v_cache, scale, block_m, block_n)
     b, nq, hq, _ = q.shape
-    window, softcap, slopes = _variant_settings(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
     o = torch.empty((b, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=_acc_dtype(q.dtype), device=q.device)
     for i, length in enumerate(lengths):
