@@ -8,7 +8,7 @@ kernel says it launched when it can tell (``launch``: a kernel function's option
 ``last_launch()``, e.g. the autotuner's tiles), and ``ratios``: the kernel's speed over each
 anchor's (``anchor seconds / kernel seconds``) measured in the same run, which is what
 ``ci/bench_gate.py`` compares with the baseline, and ``timing``, the protocol that timed them
-(:data:`benchmarks.timing.PROTOCOLS`).
+(:data:`benchmarks.timing.PROTOCOLS`): a grid row of :class:`benchmarks.schema.Row`.
 
 Unavailable kernels and undeclared problems are skipped with the reason.
 """
@@ -21,7 +21,7 @@ import pytest
 import torch
 from flashprop.kernels.registry import Kernel
 
-from benchmarks.conftest import (
+from .conftest import (
     BenchState,
     anchor_names,
     bench_device,
@@ -29,9 +29,10 @@ from benchmarks.conftest import (
     grid_spec,
     kernel_names,
 )
-from benchmarks.grid import Config, configs, size_limit_reason
-from benchmarks.memory import peak_extra_bytes
-from benchmarks.timing import CPU_TIMER, PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
+from .grid import Config, configs, size_limit_reason
+from .memory import peak_extra_bytes
+from .schema import Row
+from .timing import CPU_TIMER, PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
 
 #: Errors with which a kernel refuses a problem it does not support.
 _REFUSALS = (ValueError, TypeError, NotImplementedError)
@@ -138,9 +139,10 @@ def test_attention_speed(
     for anchor in anchor_names(request.config, device):
         if anchor != name and (anchor_s := anchor_seconds(bench_state, anchor, cfg)) is not None:
             ratios[anchor] = anchor_s / seconds
-    benchmark.extra_info.update(
+    row = Row(
         kernel=name,
         config=cfg.label,
+        device=device,
         mode=cfg.mode,
         n=cfg.n,
         d=cfg.d,
@@ -148,7 +150,6 @@ def test_attention_speed(
         dtype=cfg.dtype,
         b=cfg.b,
         h=cfg.h,
-        device=device,
         flops=cfg.flops,
         median_s=seconds,
         host_s=warm.host_seconds,
@@ -156,6 +157,6 @@ def test_attention_speed(
         peak_mem_bytes=peak,
         ratios=ratios,
         timing=PROTOCOLS[device],
+        launch=launch or None,
     )
-    if launch:
-        benchmark.extra_info["launch"] = launch
+    benchmark.extra_info.update(row.extra_info())

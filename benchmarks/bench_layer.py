@@ -28,13 +28,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 from flashprop.kernels.layer import FlashAttention
+from flashprop.kernels.registry import BENCH_ANCHORS
 from torch import Tensor, nn
 
-from benchmarks.conftest import BenchState
-from benchmarks.memory import peak_extra_bytes
-from benchmarks.timing import PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
+from .conftest import BenchState
+from .memory import peak_extra_bytes
+from .schema import Row
+from .timing import PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
 
-ANCHORS = ("sdpa-flash", "sdpa-cudnn")
+ANCHORS = BENCH_ANCHORS["cuda"]
 KERNELS = (*ANCHORS, "triton")  # anchors first: a kernel row finds their times measured
 
 
@@ -151,18 +153,18 @@ def test_block_speed(name: str, shape: Shape, benchmark, bench_state: BenchState
         for anchor in ANCHORS
         if anchor != name and (anchor_s := seconds_of(bench_state, anchor, shape)) is not None
     }
-    benchmark.extra_info.update(
+    row = Row(
         kernel=name,
         config=shape.label,
+        device="cuda",
         mode="fwd+bwd",
-        b=shape.b,
         n=shape.n,
-        h=shape.heads,
         d=shape.d,
-        d_model=shape.width,
         causal=True,
         dtype="bfloat16",
-        device="cuda",
+        b=shape.b,
+        h=shape.heads,
+        d_model=shape.width,
         flops=shape.flops,
         median_s=seconds,
         host_s=warm.host_seconds,
@@ -171,3 +173,4 @@ def test_block_speed(name: str, shape: Shape, benchmark, bench_state: BenchState
         ratios=ratios,
         timing=PROTOCOLS["cuda"],
     )
+    benchmark.extra_info.update(row.extra_info())

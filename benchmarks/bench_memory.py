@@ -5,8 +5,8 @@ measured at two sequence lengths with B = 1 and H fixed, and the growth exponent
 ``log(peak(4N) / peak(N)) / log 4`` must stay below 1.5 (O(N): about 1, O(N^2): about 2). A
 kernel that materialises the score matrix (``sdpa-math`` on CUDA, the dense calibration anchor
 on CPU) is measured too as the control: it must come out above 1.5, which shows that the
-measurement can tell the two apart. Results go to ``extra_info`` (``mem_*`` keys); the timing
-is of one call at 4N.
+measurement can tell the two apart. Results go to ``extra_info`` (a memory row of
+:class:`benchmarks.schema.Row`: the ``mem_*`` fields); the timing is of one call at 4N.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import pytest
 import torch
 from flashprop.refimpl.golden import attention_golden
 
-from benchmarks.bench_attention import make_call, unsupported_reason
-from benchmarks.calibration import plain_dense_attention_f64
-from benchmarks.conftest import BenchState, bench_device, kernel_names
-from benchmarks.grid import Config
-from benchmarks.memory import cpu_peak_supported, growth_exponent, peak_extra_bytes
+from .bench_attention import make_call, unsupported_reason
+from .calibration import plain_dense_attention_f64
+from .conftest import BenchState, bench_device, kernel_names
+from .grid import Config
+from .memory import cpu_peak_supported, growth_exponent, peak_extra_bytes
+from .schema import Row
 
 #: (N, 4N), heads, head dim, dtype per device.
 SHAPES = {"cuda": ((2048, 8192), 16, 64, "bfloat16"), "cpu": ((1024, 4096), 1, 64, "float32")}
@@ -30,7 +31,7 @@ QUADRATIC_CONTROLS = {"cuda": "sdpa-math", "cpu": "dense-f64"}
 #: CPU functions measured besides registered kernels: the streaming golden and the control.
 CPU_FUNCTIONS = {"golden": attention_golden, "dense-f64": plain_dense_attention_f64}
 #: Registered kernels whose memory is meaningful on the CPU (the interpreter's is not).
-CPU_KERNELS = ("ref-blocked",)
+CPU_MEMORY_KERNELS = ("ref-blocked",)
 LINEAR_LIMIT = 1.5
 #: Peaks below this are noise (page granularity, allocator slack) and are clamped to it.
 FLOOR_BYTES = 1 << 20
@@ -44,7 +45,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         names = list(kernel_names(metafunc.config))
         names += [QUADRATIC_CONTROLS["cuda"]] if QUADRATIC_CONTROLS["cuda"] not in names else []
     else:
-        names = [*CPU_FUNCTIONS, *(k for k in kernel_names(metafunc.config) if k in CPU_KERNELS)]
+        names = [*CPU_FUNCTIONS, *(k for k in kernel_names(metafunc.config) if k in CPU_MEMORY_KERNELS)]
     metafunc.parametrize("memory_case", names)
 
 
@@ -93,7 +94,7 @@ def test_memory_grows_linearly(memory_case: str, benchmark, bench_state: BenchSt
     exponent = growth_exponent(n1, peak1, n2, peak2)
     benchmark.group = "memory growth"
     benchmark.pedantic(large, rounds=1, iterations=1)
-    benchmark.extra_info.update(
+    row = Row(
         kernel=memory_case,
         config=f"memory N={n1} vs N={n2}",
         device=device,
@@ -101,6 +102,7 @@ def test_memory_grows_linearly(memory_case: str, benchmark, bench_state: BenchSt
         mem_peak_bytes=[peak1, peak2],
         mem_exponent=exponent,
     )
+    benchmark.extra_info.update(row.extra_info())
     control = memory_case == QUADRATIC_CONTROLS[device]
     detail = (
         f"{memory_case}: peak extra {peak1 / 2**20:.1f} MiB at N={n1}, "

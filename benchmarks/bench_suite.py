@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 
 import pytest
 import torch
@@ -33,9 +34,10 @@ from flashprop.properties.strategies import Sizes, problems
 from flashprop.refimpl.golden import attention_golden, attention_golden_backward
 from hypothesis import HealthCheck, Phase, given, settings
 
-from benchmarks.calibration import ANCHORS, CALIBRATION_SHAPE, calibration_inputs
-from benchmarks.conftest import BenchState
-from benchmarks.timing import CPU_TIMER, PROTOCOLS
+from .calibration import ANCHORS, CALIBRATION_SHAPE, calibration_inputs
+from .conftest import BenchState
+from .schema import Row
+from .timing import CPU_TIMER, PROTOCOLS
 
 #: Timed rounds per benchmark, each paired with one anchor run.
 ROUNDS = 11
@@ -67,8 +69,8 @@ def shape_label(shape: tuple[int, ...], dtype: torch.dtype, causal: bool = False
 LARGE, TINY = ANCHORS
 
 
-def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: str, **info):
-    """Benchmark ``fn`` with an anchor run before each round; record the gated ratio."""
+def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: str) -> Row:
+    """Benchmark ``fn`` with an anchor run before each round; record (and return) the gated row."""
     anchor_fn = ANCHORS[anchor]()
     anchor_times: list[float] = []
 
@@ -80,24 +82,24 @@ def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: s
     benchmark.pedantic(fn, setup=timed_anchor, rounds=ROUNDS, warmup_rounds=1)
     times = benchmark.stats.stats.data
     pairs = [a / max(t, 1e-9) for a, t in zip(anchor_times[-len(times) :], times, strict=True)]
-    benchmark.extra_info.update(
+    row = Row(
         kernel=name,
         config=config,
         median_s=statistics.median(times),
         anchor_s=statistics.median(anchor_times),
         ratios={anchor: statistics.median(pairs)},
         timing=PROTOCOLS["cpu"],
-        **info,
     )
+    benchmark.extra_info.update(row.extra_info())
+    return row
 
 
 @pytest.mark.parametrize("anchor", ANCHORS)
 def test_calibration_anchor(benchmark, anchor: str) -> None:
     """An anchor itself (ungated): how fast this machine is."""
     benchmark.pedantic(ANCHORS[anchor](), rounds=ROUNDS, warmup_rounds=1)
-    benchmark.extra_info.update(
-        kernel=anchor, config="calibration", median_s=benchmark.stats.stats.median
-    )
+    row = Row(kernel=anchor, config="calibration", median_s=benchmark.stats.stats.median)
+    benchmark.extra_info.update(row.extra_info())
 
 
 def test_golden_forward(benchmark) -> None:
@@ -179,5 +181,5 @@ def test_hypothesis_examples_per_second(benchmark, bench_state: BenchState) -> N
         forward_property()
 
     config = f"forward property, ref-blocked, {EXAMPLES} examples"
-    gated(benchmark, "hypothesis", config, run, TINY)
-    benchmark.extra_info["examples_per_s"] = EXAMPLES / benchmark.extra_info["median_s"]
+    row = gated(benchmark, "hypothesis", config, run, TINY)
+    benchmark.extra_info.update(replace(row, examples_per_s=EXAMPLES / row.median_s).extra_info())

@@ -3,8 +3,8 @@
 Options (each also read from an environment variable, the option wins):
     --bench-kernels   FLASHPROP_BENCH_KERNELS   kernels to time (default: every registered one)
     --bench-anchors   FLASHPROP_BENCH_ANCHORS   anchors each kernel is compared with
-                                                (default: sdpa-flash,sdpa-cudnn on CUDA,
-                                                sdpa-math on CPU)
+                                                (default: kernels.registry.BENCH_ANCHORS:
+                                                sdpa-flash,sdpa-cudnn on CUDA, sdpa-math on CPU)
     --bench-seqlens   FLASHPROP_BENCH_SEQLENS   N values, e.g. 1k,2k,4k
     --bench-head-dims FLASHPROP_BENCH_HEAD_DIMS e.g. 64,128
     --bench-dtypes    FLASHPROP_BENCH_DTYPES    e.g. bf16,fp16 (or bfloat16,float16)
@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from flashprop.kernels.registry import BUILTIN, Kernel, KernelUnavailable, load_kernel
+from flashprop.kernels.registry import BENCH_ANCHORS, BUILTIN, Kernel, KernelUnavailable, load_kernel
 
-from benchmarks.grid import (
+from .grid import (
     CPU_GRID,
     GPU_GRID,
     LONG_DTYPE,
@@ -35,7 +35,7 @@ from benchmarks.grid import (
     parse_ints,
     parse_names,
 )
-from benchmarks.timing import RoundSetup
+from .timing import RoundSetup
 
 _OPTIONS = {
     "--bench-kernels": "FLASHPROP_BENCH_KERNELS",
@@ -47,7 +47,6 @@ _OPTIONS = {
     "--bench-subset": "FLASHPROP_BENCH_SUBSET",
     "--bench-report": "FLASHPROP_BENCH_REPORT",
 }
-DEFAULT_ANCHORS = {"cuda": ("sdpa-flash", "sdpa-cudnn"), "cpu": ("sdpa-math",)}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -135,13 +134,13 @@ def kernel_names(config: pytest.Config) -> tuple[str, ...]:
 
 
 def anchor_names(config: pytest.Config, device: str) -> tuple[str, ...]:
-    return parse_names(bench_option(config, "--bench-anchors"), DEFAULT_ANCHORS[device])
+    return parse_names(bench_option(config, "--bench-anchors"), BENCH_ANCHORS[device])
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
     """With ``--bench-report DIR``, write the markdown table and the plot next to the JSON."""
     folder = bench_option(config, "--bench-report")
     if folder:
-        from benchmarks.report import write_report
+        from .report import write_report
 
         write_report(output_json, Path(folder))

@@ -114,7 +114,7 @@ class Config:
         )
 
 
-#: Named subsets: sequence lengths per dtype (``ci/gpu-check`` uses ``gpu-check`` to stay
+#: Named subsets: sequence lengths per dtype (``ci/gpu_check.py`` uses ``gpu-check`` to stay
 #: inside its time budget: the full bf16 grid from 1k, fp16 at N = 4k).
 SUBSETS: dict[str, dict[str, tuple[int, ...]]] = {
     "gpu-check": {"bfloat16": (1024, 2048, 4096, 8192, 16384), "float16": (4096,)},

@@ -14,119 +14,115 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from benchmarks.grid import SHORT_DTYPE
+from flashprop.kernels.registry import BENCH_ANCHORS
+
+from .grid import SHORT_DTYPE
+from .schema import Row, rows
 
 PLOT_NAME, TABLE_NAME = "bench.png", "bench.md"
-ANCHOR_STYLE = {"sdpa-flash", "sdpa-cudnn", "sdpa-math"}
+#: Kernels drawn dashed: the anchors of every device.
+ANCHOR_STYLE = {anchor for anchors in BENCH_ANCHORS.values() for anchor in anchors}
 
 
-def _infos(output_json: dict) -> list[dict]:
-    return [b["extra_info"] for b in output_json.get("benchmarks", []) if b.get("extra_info")]
+def _grid_key(row: Row) -> tuple:
+    return (row.dtype, row.mode, row.d, row.causal, row.n, row.kernel)
 
 
-def _grid_key(info: dict) -> tuple:
-    return (info["dtype"], info["mode"], info["d"], info["causal"], info["n"], info["kernel"])
-
-
-def _host_cell(info: dict) -> str:
+def _host_cell(row: Row) -> str:
     """Host milliseconds per call, flagged when they exceed the GPU time (launch-bound)."""
-    host = info.get("host_s")
-    if host is None:
+    if row.host_s is None:
         return "-"
-    bound = " (launch-bound)" if host > info["median_s"] else ""
-    return f"{1e3 * host:.3f}{bound}"
+    bound = " (launch-bound)" if row.host_s > row.median_s else ""
+    return f"{1e3 * row.host_s:.3f}{bound}"
 
 
-def grid_table(infos: Iterable[dict]) -> list[str]:
+def grid_table(results: Iterable[Row]) -> list[str]:
     """Rows of the TFLOP/s grid: one per kernel and configuration."""
-    grid = sorted((i for i in infos if "tflops" in i), key=_grid_key)
+    grid = sorted((r for r in results if r.tflops is not None), key=_grid_key)
     if not grid:
         return []
-    anchors = sorted({a for i in grid for a in i.get("ratios", {})})
+    anchors = sorted({a for r in grid for a in r.ratios})
     head = ["kernel", "mode", "d", "mask", "dtype", "N", "ms", "host ms", "TFLOP/s"]
     head += [f"vs {a}" for a in anchors] + ["peak extra MiB", "launch"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for i in grid:
-        ratios = i.get("ratios", {})
+    for r in grid:
         cells = [
-            i["kernel"],
-            i["mode"],
-            str(i["d"]),
-            "causal" if i["causal"] else "full",
-            SHORT_DTYPE.get(i["dtype"], i["dtype"]),
-            str(i["n"]),
-            f"{1e3 * i['median_s']:.3f}",
-            _host_cell(i),
-            f"{i['tflops']:.3g}",
-            *(f"{ratios[a]:.2f}x" if a in ratios else "-" for a in anchors),
-            f"{i['peak_mem_bytes'] / 2**20:.0f}",
-            "; ".join(f"{k}: {v}" for k, v in i.get("launch", {}).items()),
+            r.kernel,
+            r.mode,
+            str(r.d),
+            "causal" if r.causal else "full",
+            SHORT_DTYPE.get(r.dtype, r.dtype),
+            str(r.n),
+            f"{1e3 * r.median_s:.3f}",
+            _host_cell(r),
+            f"{r.tflops:.3g}",
+            *(f"{r.ratios[a]:.2f}x" if a in r.ratios else "-" for a in anchors),
+            f"{r.peak_mem_bytes / 2**20:.0f}",
+            "; ".join(f"{k}: {v}" for k, v in (r.launch or {}).items()),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def split_table(infos: Iterable[dict]) -> list[str]:
+def split_table(results: Iterable[Row]) -> list[str]:
     """Rows of forward and backward-only speed against each anchor, per kernel and
     configuration timed in both modes: backward seconds = (fwd+bwd) - fwd, the anchors' from
     their ratios in the same run (anchor seconds = ratio x kernel seconds)."""
-    timed = {(i["kernel"], i["mode"], i["d"], i["causal"], i["dtype"], i["n"]): i
-             for i in infos if "tflops" in i}
+    timed = {(r.kernel, r.mode, r.d, r.causal, r.dtype, r.n): r for r in results if r.tflops is not None}
     lines: list[str] = []
     for (kernel, mode, d, causal, dtype, n), fwd in sorted(timed.items(), key=lambda kv: kv[0]):
         both = timed.get((kernel, "fwd+bwd", d, causal, dtype, n))
         if mode != "fwd" or both is None:
             continue
-        bwd_s = both["median_s"] - fwd["median_s"]
+        bwd_s = both.median_s - fwd.median_s
         cells = []
-        for anchor in sorted(set(fwd["ratios"]) & set(both["ratios"])):
-            anchor_bwd = both["ratios"][anchor] * both["median_s"] - fwd["ratios"][anchor] * fwd["median_s"]
+        for anchor in sorted(set(fwd.ratios) & set(both.ratios)):
+            anchor_bwd = both.ratios[anchor] * both.median_s - fwd.ratios[anchor] * fwd.median_s
             bwd = f"{anchor_bwd / bwd_s:.2f}x" if bwd_s > 0 and anchor_bwd > 0 else "-"
-            cells.append(f"{anchor}: fwd {fwd['ratios'][anchor]:.2f}x, bwd {bwd}")
+            cells.append(f"{anchor}: fwd {fwd.ratios[anchor]:.2f}x, bwd {bwd}")
         if cells:
             mask = "causal" if causal else "full"
             lines.append(f"| {kernel} | d{d} {mask} {SHORT_DTYPE.get(dtype, dtype)} | {n} | "
-                         f"{1e3 * fwd['median_s']:.3f} | {1e3 * bwd_s:.3f} | {'; '.join(cells)} |")
+                         f"{1e3 * fwd.median_s:.3f} | {1e3 * bwd_s:.3f} | {'; '.join(cells)} |")
     if not lines:
         return []
     return ["| kernel | configuration | N | fwd ms | bwd ms ((fwd+bwd) - fwd) | against anchors |",
             "|---|---|---|---|---|---|", *lines]
 
 
-def calibrated_table(infos: Iterable[dict]) -> list[str]:
+def calibrated_table(results: Iterable[Row]) -> list[str]:
     """Rows of the CPU gate: speed relative to the calibration anchor (anchor s / benchmark s)."""
-    rows = [i for i in infos if "tflops" not in i and "mem_exponent" not in i and "median_s" in i]
-    if not rows:
+    gate = [r for r in results if r.tflops is None and r.mem_exponent is None and r.median_s is not None]
+    if not gate:
         return []
     lines = [
         "| benchmark | configuration | median ms | anchor | anchor s / benchmark s | note |",
         "|---|---|---|---|---|---|",
     ]
-    for i in rows:
-        anchor, ratio = next(iter(i.get("ratios", {}).items()), ("-", None))
-        note = f"{i['examples_per_s']:.1f} examples/s" if "examples_per_s" in i else ""
+    for r in gate:
+        anchor, ratio = next(iter(r.ratios.items()), ("-", None))
+        note = "" if r.examples_per_s is None else f"{r.examples_per_s:.1f} examples/s"
         vs = "-" if ratio is None else f"{ratio:.3f}"
-        ms = f"{1e3 * i['median_s']:.2f}"
-        lines.append(f"| {i['kernel']} | {i['config']} | {ms} | {anchor} | {vs} | {note} |")
+        lines.append(f"| {r.kernel} | {r.config} | {1e3 * r.median_s:.2f} | {anchor} | {vs} | {note} |")
     return lines
 
 
-def memory_table(infos: Iterable[dict]) -> list[str]:
+def memory_table(results: Iterable[Row]) -> list[str]:
     """Rows of the memory-growth check: peak extra memory at N and 4N, growth exponent."""
-    rows = [i for i in infos if "mem_exponent" in i]
-    if not rows:
+    memory = [r for r in results if r.mem_exponent is not None]
+    if not memory:
         return []
     lines = ["| kernel | N | peak extra MiB | growth exponent |", "|---|---|---|---|"]
-    for i in rows:
-        n = " / ".join(map(str, i["mem_n"]))
-        mib = " / ".join(f"{b / 2**20:.1f}" for b in i["mem_peak_bytes"])
-        lines.append(f"| {i['kernel']} | {n} | {mib} | {i['mem_exponent']:.2f} |")
+    for r in memory:
+        n = " / ".join(map(str, r.mem_n))
+        mib = " / ".join(f"{b / 2**20:.1f}" for b in r.mem_peak_bytes)
+        lines.append(f"| {r.kernel} | {n} | {mib} | {r.mem_exponent:.2f} |")
     return lines
 
 
-def plot(infos: Iterable[dict], path: Path) -> str | None:
+def plot(results: Iterable[Row], path: Path) -> str | None:
     """Write the TFLOP/s plot; returns why not when matplotlib is missing or nothing to plot."""
-    grid = [i for i in infos if "tflops" in i]
+    grid = [r for r in results if r.tflops is not None]
     if not grid:
         return "no TFLOP/s results to plot"
     try:
@@ -136,21 +132,18 @@ def plot(infos: Iterable[dict], path: Path) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed"
-    rows = sorted({(i["mode"], i["dtype"]) for i in grid})
-    cols = sorted({(i["d"], i["causal"]) for i in grid})
+    panel_rows = sorted({(r.mode, r.dtype) for r in grid})
+    panel_cols = sorted({(r.d, r.causal) for r in grid})
     fig, axes = plt.subplots(
-        len(rows), len(cols), figsize=(4.2 * len(cols), 3.4 * len(rows)), squeeze=False
+        len(panel_rows), len(panel_cols), figsize=(4.2 * len(panel_cols), 3.4 * len(panel_rows)),
+        squeeze=False,
     )
-    for r, (mode, dtype) in enumerate(rows):
-        for c, (d, causal) in enumerate(cols):
-            ax = axes[r][c]
-            cell = [
-                i
-                for i in grid
-                if (i["mode"], i["dtype"], i["d"], i["causal"]) == (mode, dtype, d, causal)
-            ]
-            for kernel in sorted({i["kernel"] for i in cell}):
-                pts = sorted((i["n"], i["tflops"]) for i in cell if i["kernel"] == kernel)
+    for i, (mode, dtype) in enumerate(panel_rows):
+        for j, (d, causal) in enumerate(panel_cols):
+            ax = axes[i][j]
+            cell = [r for r in grid if (r.mode, r.dtype, r.d, r.causal) == (mode, dtype, d, causal)]
+            for kernel in sorted({r.kernel for r in cell}):
+                pts = sorted((r.n, r.tflops) for r in cell if r.kernel == kernel)
                 style = "--" if kernel in ANCHOR_STYLE else "-"
                 ax.plot(*zip(*pts), style, marker="o", label=kernel)
             ax.set_xscale("log", base=2)
@@ -171,10 +164,10 @@ def plot(infos: Iterable[dict], path: Path) -> str | None:
 def write_report(output_json: dict, folder: Path) -> list[Path]:
     """Write ``bench.md`` (and ``bench.png``) for one run into ``folder``; returns the paths."""
     folder.mkdir(parents=True, exist_ok=True)
-    infos = _infos(output_json)
+    results = rows(output_json)
     written = []
     png = folder / PLOT_NAME
-    why_not = plot(infos, png)
+    why_not = plot(results, png)
     lines = ["# flashprop benchmarks", ""]
     machine = output_json.get("machine_info", {})
     if machine:
@@ -186,10 +179,10 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
     else:
         lines += [f"(no plot: {why_not})", ""]
     for title, body in (
-        ("Kernels (TFLOP/s)", grid_table(infos)),
-        ("Forward and backward against the anchors (higher is faster)", split_table(infos)),
-        ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))", memory_table(infos)),
-        ("Suite hot paths (CPU gate)", calibrated_table(infos)),
+        ("Kernels (TFLOP/s)", grid_table(results)),
+        ("Forward and backward against the anchors (higher is faster)", split_table(results)),
+        ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))", memory_table(results)),
+        ("Suite hot paths (CPU gate)", calibrated_table(results)),
     ):
         if body:
             lines += [f"## {title}", "", *body, ""]

@@ -1,19 +1,18 @@
 """Meta-tests of the benchmark helpers that run on any machine: the report's host-time column
 and launch column, and the CPU side of the timing protocol (the CUDA side, the spin before each
-round, needs a GPU: ci/gpu-check runs it)."""
+round, needs a GPU: ci/gpu_check.py runs it)."""
 
 from __future__ import annotations
 
-from benchmarks.report import grid_table, split_table
-from benchmarks.timing import RoundSetup, warm_up
+from .report import grid_table, split_table
+from .schema import Row, rows
+from .timing import RoundSetup, warm_up
 
 
-def _info(median_s: float, host_s: float | None, **extra) -> dict:
-    return {
-        "kernel": "k", "mode": "fwd", "d": 64, "causal": False, "dtype": "torch.bfloat16",
-        "n": 512, "median_s": median_s, "host_s": host_s, "tflops": 1.0, "peak_mem_bytes": 0,
-        "ratios": {}, **extra,
-    }
+def _info(median_s: float, host_s: float | None, **extra) -> Row:
+    fields = dict(kernel="k", config="fwd d64 full N512 bf16", mode="fwd", d=64, causal=False,
+                  dtype="bfloat16", n=512, tflops=1.0, peak_mem_bytes=0)
+    return Row(**{**fields, "median_s": median_s, "host_s": host_s, **extra})
 
 
 def test_host_time_beyond_gpu_time_is_flagged_launch_bound() -> None:
@@ -44,8 +43,15 @@ def test_backward_alone_is_fwd_plus_bwd_minus_fwd_for_kernel_and_anchor() -> Non
     """Kernel: fwd 1 ms, fwd+bwd 4 ms -> bwd 3 ms. Anchor: fwd 2 ms (ratio 2.0), fwd+bwd 8 ms
     (ratio 2.0) -> bwd 6 ms, so the kernel's backward is 2.00x the anchor's."""
     fwd = _info(1e-3, None, ratios={"flash": 2.0})
-    both = {**_info(4e-3, None, ratios={"flash": 2.0}), "mode": "fwd+bwd"}
+    both = _info(4e-3, None, ratios={"flash": 2.0}, mode="fwd+bwd")
     lines = split_table([fwd, both])
     assert len(lines) == 3
     assert "| 1.000 | 3.000 | flash: fwd 2.00x, bwd 2.00x |" in lines[2]
     assert split_table([fwd]) == []  # no fwd+bwd row: nothing to subtract
+
+
+def test_a_row_comes_back_as_written_and_unset_fields_are_not_written() -> None:
+    row = _info(1e-3, None, ratios={"sdpa-flash": 1.5}, launch={"fwd": "64x64 w4 s2 (fixed)"})
+    info = row.extra_info()
+    assert "host_s" not in info and "mem_exponent" not in info
+    assert rows({"benchmarks": [{"extra_info": {**info, "unknown": 1}}, {"extra_info": {}}]}) == [row]

@@ -13,33 +13,63 @@ own on to the command.
 Exit status: the command's own if it ends in time, 124 if the limit was reached (as with
 timeout(1)), 137 if it had to be killed. SIGTERM sent to this script goes to the command;
 SIGINT does not (Ctrl-C in a terminal reaches the command itself).
+
+A pytest-xdist controller is stopped workers first (:func:`stop` with ``workers_first``): the
+first interrupt goes to its child processes only, so that each worker ends its test and hands
+its tallies to the controller, which is interrupted with the next ones and prints the merged
+table. Interrupted together, the controller would stop before the workers' tallies reached it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 REPEAT_SECONDS, KILL_SECONDS = 10.0, 30.0
 
 
-def stop(proc: subprocess.Popen, limit: float) -> int:
+def children(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (Linux ``/proc``; none once it has ended)."""
+    try:
+        return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+
+
+def stop(proc: subprocess.Popen, limit: float, *, workers_first: bool = False) -> int:
     """Wait up to ``limit`` seconds for ``proc``, then interrupt it, again and again, and kill it
-    at last; the exit status as described above."""
+    at last; the exit status as described above. ``workers_first``: the first interrupt goes to
+    ``proc``'s children alone (pytest-xdist's workers), the next ones to them and ``proc``; the
+    kill to both."""
     try:
         return proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         pass
     kill_at = time.monotonic() + KILL_SECONDS
+    first = True
     while (left := kill_at - time.monotonic()) > 0:
-        proc.send_signal(signal.SIGINT)
+        workers = children(proc.pid) if workers_first else []
+        _signal(workers if first and workers else [*workers, proc.pid], signal.SIGINT)
+        first = False
         try:
             proc.wait(timeout=min(REPEAT_SECONDS, left))
             return 124
         except subprocess.TimeoutExpired:
             continue
+    _signal(children(proc.pid) if workers_first else [], signal.SIGKILL)
     proc.kill()
     proc.wait()
     return 137

@@ -1,211 +1,234 @@
-"""Tests of ci/gpu-check, run on the CPU (``FLASHPROP_GPU_DEVICE=cpu``): device time is scarce,
-so the script's plumbing (parallel jobs, merged tallies, exit codes, deadline, benchmark chunks
-and gate) is checked where CI runs.
+"""Tests of ci/gpu_check.py on the CPU (``--device cpu``): device time is scarce, so the driver's
+plumbing is checked where CI runs. Its pieces (settings, the runs' commands, seeds and the state
+folder, deadlines, the benchmark chunks' GPUs, the merge) are called directly; four calls run
+real processes, on one property: two fuzz calls that add up (the first over two xdist workers;
+the second also runs a wrong kernel's property run, which fails and is replayed), then the
+benchmarks with the gate, and the gate alone against a faster baseline.
 
     python -m pytest ci/test_gpu_check.py
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
+import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import gpu_bench
+import gpu_check
+import gpu_runs
+from gpu_settings import Config, SettingError
+
+FORWARD = "properties/test_golden.py::test_forward_matches_golden"
+#: A kernel with an indexing bug that raises on every problem: its examples cost nothing, so
+#: Hypothesis's search and shrinking are quick.
 WRONG_KERNEL = '''
-import torch
-from flashprop.refimpl import attention_golden
-
-
 def attn(q, k, v, *, causal=False, scale=None):
-    """Right everywhere except that it drops the last key (a tail-masking bug)."""
-    o, lse = attention_golden(q, k[:, :, :-1], v[:, :, :-1], causal=causal, scale=scale) \\
-        if k.shape[2] > 1 else attention_golden(q, k, v, causal=causal, scale=scale)
-    return o.to(q.dtype), lse.float()
+    return q[:, :, q.shape[2]], None
 '''
 
 
-def gpu_check(out: Path, **env: str) -> tuple[subprocess.CompletedProcess, str]:
-    """Run ci/gpu-check into ``out`` on the CPU; its process and its report.md ("" if none)."""
-    full_env = {
-        **os.environ,
-        "PYTHON": sys.executable,
-        "FLASHPROP_GPU_DEVICE": "cpu",
-        "FLASHPROP_GPU_PROFILE": "ci",
-        "FLASHPROP_GPU_JOBS": "2",
-        "FLASHPROP_GPU_FILES": "properties/test_golden.py",
-        "FLASHPROP_GPU_REPLAYS": "0",
-        **env,
-    }
-    run = subprocess.run(
-        ["bash", str(ROOT / "ci" / "gpu-check"), str(out)],
-        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=600,
-    )
+#: The environment of every call here: the CPU, one property, 2 workers, no replays.
+ENVIRON = {"FLASHPROP_GPU_DEVICE": "cpu", "FLASHPROP_GPU_FILES": FORWARD, "FLASHPROP_GPU_PROFILE": "ci",
+           "FLASHPROP_GPU_JOBS": "2", "FLASHPROP_GPU_REPLAYS": "0"}
+
+
+def config(out: Path, *flags: str, **environ: str) -> Config:
+    """The settings of a call writing into ``out`` with these flags and :data:`ENVIRON` + ``environ``."""
+    return Config.parse([str(out), *flags], {**ENVIRON, **environ})
+
+
+def call(out: Path, *flags: str, **environ: str) -> tuple[int, str]:
+    """ci/gpu_check.py's main, as :func:`config`; its exit status and its report.md."""
+    code = gpu_check.main([str(out), *flags], {**ENVIRON, **environ})
     report = out / "report.md"
-    return run, report.read_text() if report.exists() else ""
+    return code, report.read_text() if report.exists() else ""
 
 
-def table_rows(report: str) -> set[tuple[str, ...]]:
-    """(kernel, property, examples run) of every row of the report's per-property tables."""
-    return {tuple(line.split()[:3]) for line in report.splitlines() if line[:1].isalpha()}
+def table_rows(text: str) -> set[tuple[str, ...]]:
+    """(kernel, property, examples run) of every row of the per-property tables in ``text``."""
+    return {tuple(line.split()[:3]) for line in text.splitlines()
+            if line[:1].isalpha() and len(line.split()) > 3}
 
 
-def test_properties_and_fuzz_merge_and_pass(tmp_path: Path):
-    run, report = gpu_check(
-        tmp_path / "out",
-        FLASHPROP_GPU_PHASES="properties fuzz",
-        FLASHPROP_GPU_KERNELS="sdpa-math@4",
-        FLASHPROP_GPU_FUZZ_KERNELS="ref-blocked",
-        FLASHPROP_GPU_FUZZ_EXAMPLES="6",
-        FLASHPROP_GPU_FUZZ_SPLIT="2",
-    )
-    assert run.returncode == 0, run.stdout + run.stderr + report
-    rows = table_rows(report)
-    assert ("sdpa-math", "forward", "4") in rows  # --max-examples from NAME@N
-    assert ("ref-blocked", "forward", "6") in rows  # two seeds x 3 examples, merged
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["fuzz.log", "properties.log", "report.md"]
+# --- the pieces, called directly -------------------------------------------------------------
 
 
-def test_fuzz_only_runs_the_named_processes(tmp_path: Path):
-    """FLASHPROP_GPU_FUZZ_ONLY (finishing a cut-off run) starts only the KERNEL.FILE.SEED named."""
-    run, report = gpu_check(
-        tmp_path / "out",
-        FLASHPROP_GPU_PHASES="fuzz",
-        FLASHPROP_GPU_FUZZ_KERNELS="ref-blocked sdpa-math",
-        FLASHPROP_GPU_FUZZ_EXAMPLES="6",
-        FLASHPROP_GPU_FUZZ_SPLIT="2",
-        FLASHPROP_GPU_FUZZ_ONLY="sdpa-math.test_golden.2",
-    )
-    assert run.returncode == 0, run.stdout + run.stderr + report
-    rows = table_rows(report)
-    assert ("sdpa-math", "forward", "3") in rows  # one seed of two
-    assert not any(row[0] == "ref-blocked" for row in rows)
-    assert "(1 processes, 0 of them taken from an earlier call)" in report
+def test_settings_flags_over_environment_and_refusals(tmp_path: Path):
+    cfg = config(tmp_path, "--kernels", "sdpa-math@4 triton", FLASHPROP_GPU_KERNELS="cuda",
+                 FLASHPROP_GPU_PHASES="gate fuzz")
+    assert cfg.kernels == [("sdpa-math", 4), ("triton", None)]  # the flag wins
+    assert cfg.phases == ["fuzz", "gate"]  # in the driver's order
+    assert cfg.bench_chunks == ["d64", "d128", "memory"] and cfg.ids == []
+    for bad, match in [({"FLASHPROP_GPU_FUZZ_SPLIT": "8 test_robustness=64"}, "FUZZ_SPLIT: a number"),
+                       ({"FLASHPROP_GPU_FUZZ_SPLIT": "0"}, "at least 1"),
+                       ({"FLASHPROP_GPU_KERNELS": "triton@many"}, "NAME@N"),
+                       ({"FLASHPROP_GPU_PHASES": "properties lint"}, "unknown phases"),
+                       ({"FLASHPROP_GPU_BENCH_CHUNKS": "d64-bf16"}, "benchmark chunks"),
+                       ({"FLASHPROP_GPU_FUZZ_ONLY": "cuda.test_golden.7"}, "FUZZ_ONLY is gone")]:
+        with pytest.raises(SettingError, match=match):
+            config(tmp_path, **bad)
 
 
-def test_fuzz_split_per_file(tmp_path: Path):
-    """FLASHPROP_GPU_FUZZ_SPLIT="1 test_golden=2": golden in two processes of half the examples
-    each, the other file in one."""
-    run, report = gpu_check(
-        tmp_path / "out",
-        FLASHPROP_GPU_PHASES="fuzz",
-        FLASHPROP_GPU_FILES="properties/test_golden.py properties/test_precision.py",
-        FLASHPROP_GPU_FUZZ_KERNELS="sdpa-math",
-        FLASHPROP_GPU_FUZZ_EXAMPLES="4",
-        FLASHPROP_GPU_FUZZ_SPLIT="1 test_golden=2",
-    )
-    assert run.returncode == 0, run.stdout + run.stderr + report
-    assert ("sdpa-math", "forward", "4") in table_rows(report)  # 2 x 2
-    assert ("sdpa-math", "precision", "2") in table_rows(report)  # 1 x 4, weight 0.5
-    assert "(3 processes, 0 of them taken from an earlier call)" in report
-    log = (tmp_path / "out" / "fuzz.log").read_text()
-    assert log.count("test_golden.py") >= 2 and "--max-examples 2 " in log
-    assert "test_precision.py" in log and "--max-examples 4 " in log
+def test_one_run_per_kernel_with_its_examples_and_the_fuzz_shards_seeds(tmp_path: Path):
+    cfg = config(tmp_path, "--kernels", "sdpa-math@4 triton", "--fuzz-kernels", "triton cuda",
+                 "--fuzz-split", "3", "--fuzz-examples", "300")
+    runs = gpu_runs.property_runs(cfg)
+    assert [r.name for r in runs] == ["properties.sdpa-math", "properties.triton"]
+    assert runs[0].args[-2:] == ["--max-examples", "4"] and "--max-examples" not in runs[1].args
+    fuzz = gpu_runs.fuzz_runs(cfg, base=7)
+    assert [r.name for r in fuzz] == ["fuzz.triton.seeds7-9", "fuzz.cuda.seeds7-9"]
+    assert fuzz[0].args[fuzz[0].args.index("--shards") + 1] == "3"
+    assert fuzz[0].args[fuzz[0].args.index("--max-examples") + 1] == "300"
+    assert fuzz[0].args[fuzz[0].args.index("--hypothesis-seed") + 1] == "7"
+    tally = tmp_path / "t.json"
+    command = gpu_runs.pytest_command(cfg, runs[0], tally)
+    assert command[command.index("-n"):][:4] == ["-n", "2", "--dist", "load"] and str(tally) in command
+    one = config(tmp_path, FLASHPROP_GPU_JOBS="1")
+    assert "-n" not in gpu_runs.pytest_command(one, runs[0], tally)  # one process, no workers
 
 
-def test_state_keeps_finished_processes_for_the_next_call(tmp_path: Path):
-    """With FLASHPROP_GPU_STATE a second identical call runs no process again and reports the
-    same tallies; a different command (more examples) runs again."""
-    env = {"FLASHPROP_GPU_PHASES": "fuzz", "FLASHPROP_GPU_FUZZ_KERNELS": "sdpa-math",
-           "FLASHPROP_GPU_FUZZ_EXAMPLES": "4", "FLASHPROP_GPU_FUZZ_SPLIT": "2",
-           "FLASHPROP_GPU_STATE": str(tmp_path / "state")}
-    first, report_a = gpu_check(tmp_path / "a", **env)
-    second, report_b = gpu_check(tmp_path / "b", **env)
-    assert first.returncode == 0 and second.returncode == 0, first.stdout + second.stdout
-    assert table_rows(report_a) == table_rows(report_b)
-    assert ("sdpa-math", "forward", "4") in table_rows(report_b)
-    assert "(2 processes, 0 of them taken from an earlier call)" in report_a
-    assert "(2 processes, 2 of them taken from an earlier call)" in report_b
-    third, report = gpu_check(tmp_path / "c", **{**env, "FLASHPROP_GPU_FUZZ_EXAMPLES": "6"})
-    assert third.returncode == 0 and ("sdpa-math", "forward", "6") in table_rows(report)
-    assert "(2 processes, 0 of them taken from an earlier call)" in report
+def _ran(state: gpu_runs.State, parts: Path, run: gpu_runs.Run, code: int) -> None:
+    """``run`` as if it ran with exit status ``code``: a tally and a log in ``parts``, kept."""
+    row = {"kernel": run.kernel, "property": "forward", "passed": 2, "refused": 0, "failed": 0,
+           "seconds": 1.0, "last_failure": None, "skipped": []}
+    (parts / f"{run.name}.json").write_text(json.dumps([row]))
+    (parts / f"{run.name}.log").write_text("2 passed\n")
+    run.exit = code
+    state.keep(run, parts)
 
 
-def test_state_keeps_the_tally_of_a_cut_off_process(tmp_path: Path):
-    """A fuzz process cut off by its time limit (30 s, the least one that starts) fails the
-    phase, but its examples are kept in the state folder and counted in the table of all calls."""
-    state = tmp_path / "state"
-    run, report = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="fuzz",
-                            FLASHPROP_GPU_FUZZ_KERNELS="sdpa-math",
-                            FLASHPROP_GPU_FUZZ_EXAMPLES="100000", FLASHPROP_GPU_FUZZ_SPLIT="1",
-                            FLASHPROP_PROPERTY_TIMEOUT="30", FLASHPROP_GPU_STATE=str(state))
-    log = (tmp_path / "out" / "fuzz.log").read_text() if (tmp_path / "out" / "fuzz.log").exists() else ""
-    assert run.returncode == 1, run.stdout + run.stderr + report
-    assert "fuzz.sdpa-math.test_golden.1: exit 124" in report, f"{report}\n--- fuzz.log:\n{log}"
-    (partial,) = state.glob("*/fuzz.sdpa-math.test_golden.1.partial.json")
-    run_so_far = sum(r["passed"] for r in json.loads(partial.read_text()) if r["property"] == "forward")
-    assert run_so_far > 0
-    assert ("sdpa-math", "forward", str(run_so_far)) in table_rows(report.split("every call")[1])
-    assert "(0 processes finished, 1 cut off: their most examples)" in report
+def test_state_folder_seeds_and_passed_property_runs(tmp_path: Path):
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    state = gpu_runs.State(tmp_path / "state", "abc")
+    assert state.next_seed() == 0
+    cfg = config(tmp_path, "--fuzz-split", "4", "--fuzz-kernels", "triton")
+    _ran(state, parts, gpu_runs.fuzz_runs(cfg, 0)[0], 124)  # cut off: its examples count all the same
+    assert state.next_seed() == 4
+    with pytest.raises(SettingError, match="ran in an earlier call"):
+        state.check_seeds(gpu_runs.fuzz_runs(cfg, 3))
+    state.check_seeds(gpu_runs.fuzz_runs(cfg, 4))
+    assert "(runs: 1, passed: 0, failed or cut off: 1; seeds 0..3)" in gpu_runs.state_table(state)
+    passed, failed = gpu_runs.property_runs(config(tmp_path, "--kernels", "sdpa-math@2 triton"))
+    _ran(state, parts, passed, 0)
+    _ran(state, parts, failed, 1)  # not kept: it runs again next time
+    again = gpu_runs.property_runs(config(tmp_path, "--kernels", "sdpa-math@2 triton", "--jobs", "1"))
+    assert state.take(again[0], tmp_path) and again[0].reused and again[0].exit == 0  # workers do not count
+    assert "finished in an earlier call" in (tmp_path / "properties.sdpa-math.log").read_text()
+    assert not state.take(again[1], tmp_path)
+    more = gpu_runs.property_runs(config(tmp_path, "--kernels", "sdpa-math@3"))[0]
+    assert not state.take(more, tmp_path)  # other arguments: it runs
 
 
-def test_a_wrong_kernel_fails_with_its_problem(tmp_path: Path):
-    kernel = tmp_path / "wrong.py"
-    kernel.write_text(WRONG_KERNEL)
-    run, report = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
-                            FLASHPROP_GPU_KERNELS=f"{kernel}:attn@10", FLASHPROP_GPU_REPLAYS="2")
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert "property 'forward' failed" in report and "repro (run from the flashprop root)" in report
-    assert "forward: reproduces (2 of 2 failed: failed, failed)" in report
+def test_state_folder_is_per_version_of_the_sources(tmp_path: Path):
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "conftest.py").write_text("# the plugin\n")
+    (tmp_path / "kernels" / "k.cu").write_text("__global__ void k() {}\n")
+    (tmp_path / "kernels" / "notes.md").write_text("not a source\n")
+    first = gpu_runs.sources_hash(tmp_path)
+    (tmp_path / "kernels" / "notes.md").write_text("still not a source\n")
+    assert gpu_runs.sources_hash(tmp_path) == first
+    (tmp_path / "kernels" / "k.cu").write_text("__global__ void k() { return; }\n")
+    assert gpu_runs.sources_hash(tmp_path) != first and len(first) == 16
 
 
-def test_jobs_past_the_pool_deadline_are_reported_not_run(tmp_path: Path):
-    run, report = gpu_check(tmp_path / "out", FLASHPROP_GPU_PHASES="properties",
-                            FLASHPROP_GPU_KERNELS="sdpa-math", FLASHPROP_GPU_POOL_SECONDS="1")
-    assert run.returncode == 1
-    assert "properties.sdpa-math.test_golden.-: exit 125" in report
+def test_a_run_past_the_deadline_is_not_started(tmp_path: Path):
+    cfg = config(tmp_path, "--kernels", "sdpa-math")
+    (run,) = gpu_runs.property_runs(cfg)
+    gpu_runs.execute(cfg, run, tmp_path, deadline=time.monotonic() + 5)  # under LEAST_SECONDS left
+    assert run.exit == 125 and "not started (FLASHPROP_GPU_POOL_SECONDS reached)" in (
+        tmp_path / "properties.sdpa-math.log").read_text()
 
 
-def test_benchmarks_then_gate_against_a_faster_baseline(tmp_path: Path):
-    """A fresh baseline is written and passes; gating the same run (phase ``gate`` alone, on the
-    bench.json already in the folder) against a baseline 3x faster fails with a table."""
-    baseline, out = tmp_path / "base.json", tmp_path / "out"
-    env = {"FLASHPROP_GPU_BENCH_KERNELS": "ref-blocked", "FLASHPROP_GPU_BASELINE": str(baseline),
-           "FLASHPROP_BENCH_SEQLENS": "128"}
-    first, _ = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", **env)
-    assert first.returncode == 0, first.stdout + first.stderr
-    written = {"bench.json", "bench.md", "base.json"}
-    if importlib.util.find_spec("matplotlib"):  # the plot is skipped without it (tox's py env)
-        written.add("bench.png")
-    assert written <= {p.name for p in out.iterdir()}
-    data = json.loads(baseline.read_text())
-    for per_config in data["entries"].values():
-        for config, ratios in per_config.items():
-            per_config[config] = {anchor: 3 * r for anchor, r in ratios.items()}
-    baseline.write_text(json.dumps(data))
-    gate, report = gpu_check(out, FLASHPROP_GPU_PHASES="gate", **env)
-    assert gate.returncode == 1, gate.stdout + gate.stderr + report
-    assert "REGRESSION" in report and "-66.7%" in report
-
-
-def test_processes_and_benchmark_chunks_take_the_gpus_in_turn(tmp_path: Path):
-    """FLASHPROP_GPU_IDS="0 1" (on the CPU only a label): property processes alternate between
-    the two, benchmark chunks run on both at once (d64 and memory on GPU 0, d128 on GPU 1) and
-    their results are merged in grid order."""
-    out = tmp_path / "out"
-    run, report = gpu_check(out, FLASHPROP_GPU_PHASES="properties benchmarks", FLASHPROP_GPU_IDS="0 1",
-                            FLASHPROP_GPU_KERNELS="sdpa-math@2 ref-blocked@2",
-                            FLASHPROP_GPU_BENCH_KERNELS="ref-blocked", FLASHPROP_BENCH_SEQLENS="128")
-    assert run.returncode == 0, run.stdout + run.stderr + report
-    assert "2 pytest jobs, 2 at a time on 2 GPU(s)" in run.stdout
-    for chunk, gpu in (("d64", 0), ("d128", 1), ("memory", 0)):
-        assert f"benchmarks-{chunk} on GPU {gpu}" in run.stdout
-    dims = [b["extra_info"].get("d") for b in json.loads((out / "bench.json").read_text())["benchmarks"]]
-    assert 64 in dims and 128 in dims
-    assert dims.index(128) > max(i for i, d in enumerate(dims) if d == 64)  # grid order
+def test_benchmark_chunks_take_the_gpus_in_turn_and_merge_in_grid_order(tmp_path: Path):
+    gpu_chunks = ["d64-bf16", "d64-fp16", "d128-bf16", "d128-fp16", "memory"]
+    assert gpu_bench.chunks_per_gpu(gpu_chunks, ["0", "1"]) == [
+        ("0", ["d64-bf16", "d128-bf16", "memory"]), ("1", ["d64-fp16", "d128-fp16"])]
+    assert gpu_bench.chunks_per_gpu(gpu_chunks, ["3"]) == [(None, gpu_chunks)]
+    assert gpu_bench.chunk_args("d128-fp16") == ["benchmarks/bench_attention.py", "--bench-head-dims", "128",
+                                                 "--bench-dtypes", "fp16"]
+    assert gpu_bench.chunk_args("memory") == ["benchmarks/bench_memory.py", "benchmarks/bench_layer.py"]
+    assert gpu_bench.warm_keys(["d128-fp16", "memory"]) == [("128", "fp16", "full"),
+                                                             ("128", "fp16", "causal")]
+    parts = []
+    for i, d in enumerate((64, 128)):
+        parts.append(tmp_path / f"{i}.json")
+        parts[-1].write_text(json.dumps({"machine_info": {"run": i},
+                                         "benchmarks": [{"extra_info": {"d": d}}]}))
+    gpu_bench.merge_benchmarks(parts, tmp_path / "bench.json")
+    merged = json.loads((tmp_path / "bench.json").read_text())
+    assert merged["machine_info"] == {"run": 0}
+    assert [b["extra_info"]["d"] for b in merged["benchmarks"]] == [64, 128]
 
 
 def test_benchmark_chunks_past_the_deadline_are_reported_not_run(tmp_path: Path):
     out = tmp_path / "out"
-    run, report = gpu_check(out, FLASHPROP_GPU_PHASES="benchmarks gate", FLASHPROP_GPU_BENCH_SECONDS="1",
-                            FLASHPROP_GPU_BENCH_KERNELS="ref-blocked", FLASHPROP_BENCH_SEQLENS="128",
-                            FLASHPROP_GPU_BASELINE=str(tmp_path / "base.json"))
-    assert run.returncode == 1, run.stdout + run.stderr
+    code, report = call(out, "--phases", "benchmarks gate", "--bench-seconds", "1",
+                        "--baseline", str(tmp_path / "base.json"))
+    assert code == 1, report
     log = (out / "bench.log").read_text()
     for chunk in ("d64", "d128", "memory"):
         assert f"benchmarks-{chunk} not run: FLASHPROP_GPU_BENCH_SECONDS reached" in log
-    assert "gate not run" in report
+    assert "| benchmarks | 1 |" in report and "| gate | 2 |" in report and "gate not run" in report
+
+
+# --- real pytest processes ---------------------------------------------------------------------
+
+
+def test_fuzz_calls_add_up_with_distinct_seeds_and_a_wrong_kernel_fails(tmp_path: Path, monkeypatch):
+    """Call 1: the fuzz run of sdpa-math over 2 xdist workers, one shard each (seeds 0 and 1),
+    tallies merged. Call 2, one process: seeds 2 and 3 (fresh), the table of both calls adds up;
+    its property run of a wrong kernel fails with the problem, replayed once."""
+    monkeypatch.setattr(gpu_check, "sources_hash", lambda: "sources")  # the tree may change meanwhile
+    state = tmp_path / "state"
+    fuzz = ["--fuzz-kernels", "sdpa-math", "--fuzz-examples", "4", "--fuzz-split", "2", "--state", str(state)]
+    code, report = call(tmp_path / "a", "--phases", "fuzz", *fuzz)
+    assert code == 0, report
+    assert ("sdpa-math", "forward", "4") in table_rows(report)
+    log = (tmp_path / "a" / "fuzz.log").read_text()
+    assert "--shards 2 --hypothesis-seed 0 -n 2" in log
+    kernel = tmp_path / "wrong.py"
+    kernel.write_text(WRONG_KERNEL)
+    code, report = call(tmp_path / "b", "--phases", "properties fuzz", "--kernels", f"{kernel}:attn@10",
+                        *fuzz, FLASHPROP_GPU_JOBS="1", FLASHPROP_GPU_REPLAYS="1")
+    assert code == 1, report
+    assert "| properties | 1 |" in report and "| fuzz | 0 |" in report
+    assert "property 'forward' failed" in report and "repro (run from the flashprop root)" in report
+    assert "forward: reproduces (1 of 1 failed: failed)" in report
+    this_call, every_call = report.split("## fuzz:")[1].split("every fuzz call")
+    assert "--hypothesis-seed 2" in (tmp_path / "b" / "fuzz.log").read_text()
+    assert ("sdpa-math", "forward", "4") in table_rows(this_call)
+    assert ("sdpa-math", "forward", "8") in table_rows(every_call)
+    assert "(runs: 2, passed: 2, failed or cut off: 0; seeds 0..1, 2..3)" in every_call
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["fuzz.log", "properties.log", "report.md"]
+
+
+def test_benchmarks_on_two_gpus_then_the_gate_against_a_faster_baseline(tmp_path: Path, monkeypatch, capsys):
+    """Two chunks side by side on "GPUs" 0 and 1 (on the CPU only a label), merged in grid order;
+    a fresh baseline is written and passes; the gate alone (on the bench.json in the folder)
+    against a baseline 3x faster fails with its table."""
+    monkeypatch.setenv("FLASHPROP_BENCH_SEQLENS", "128")
+    monkeypatch.setenv("FLASHPROP_BENCH_MODES", "fwd")
+    baseline, out = tmp_path / "base.json", tmp_path / "out"
+    bench = ["--bench-kernels", "ref-blocked", "--bench-chunks", "d64 d128", "--baseline", str(baseline),
+             "--ids", "0 1"]
+    code, report = call(out, "--phases", "benchmarks gate", *bench)
+    assert code == 0, report + (out / "bench.log").read_text()
+    assert "base.json" in {p.name for p in out.iterdir()} and "| gate | 0 |" in report
+    said = capsys.readouterr().out
+    assert "benchmarks-d64 on GPU 0" in said and "benchmarks-d128 on GPU 1" in said
+    dims = [b["extra_info"].get("d") for b in json.loads((out / "bench.json").read_text())["benchmarks"]]
+    assert dims and dims == sorted(dims) and set(dims) == {64, 128}  # d64's chunk first, whichever ran first
+    data = json.loads(baseline.read_text())
+    for per_config in data["entries"].values():
+        for name, ratios in per_config.items():
+            per_config[name] = {anchor: 3 * r for anchor, r in ratios.items()}
+    baseline.write_text(json.dumps(data))
+    code, report = call(out, "--phases", "gate", *bench)
+    assert code == 1 and "REGRESSION" in report and "-66.7%" in report, report

@@ -42,3 +42,21 @@ def test_interrupts_repeat_then_kill(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_a_command_that_ends_in_time_keeps_its_status():
     assert limited.stop(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]), 10.0) == 3
+
+
+WORKER = "import time\\ntry:\\n    time.sleep(60)\\nexcept KeyboardInterrupt:\\n    raise SystemExit(3)"
+PARENT = f"""
+import subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "{WORKER}"])
+print("worker exit", child.wait(), flush=True)
+"""
+
+
+def test_workers_first_interrupts_the_children_before_the_parent(tmp_path: Path):
+    """As with a pytest-xdist controller: the child ends on the first interrupt and the parent,
+    not interrupted yet, goes on to report it."""
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert limited.stop(proc, 2.0, workers_first=True) == 124
+    assert proc.stdout.read().strip() == "worker exit 3"

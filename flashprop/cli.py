@@ -1,26 +1,41 @@
 """The ``flashprop`` command.
 
-    flashprop fuzz KERNEL [KERNEL ...] [--max-examples N] [--device cpu|cuda] [-n WORKERS]
-                   [--json FILE] [--junit-xml FILE] [--example-db DIR|URL] [--properties P ...]
+    flashprop fuzz KERNEL [KERNEL ...] [--max-examples N] [--time 10m] [--device cpu|cuda]
+                   [-n WORKERS] [--json FILE] [--junit-xml FILE] [--example-db DIR|URL]
+                   [--properties P ...] [--tracebacks | --tracebacks-file FILE]
     flashprop kernels                   the registered kernels and what each declares
     flashprop replay KERNEL PROPERTY:Problem(...)   one property on one problem (failures print it)
+    flashprop bench [--bench-kernels K,...] [--bench-subset NAME] [--device cpu|cuda]
+                    [--suites attention memory layer suite] [--json FILE] [--out DIR]
+    flashprop gate BASELINE RESULTS.json [...] [--update | --replace] [--tolerance T]
 
 ``fuzz`` is the main job: every applicable property on the kernel (a registered name,
-``module:attr`` or ``path/to/file.py:attr``) with the ``fuzz`` Hypothesis profile, the
-per-property table, each failure shrunk with its repro; exit status 1 on any failure. It runs
-pytest on the installed property modules (``flashprop.properties``); arguments it does not
-know, and anything after ``--``, go to pytest.
+``module:attr`` or ``path/to/file.py:attr``) with the ``fuzz`` Hypothesis profile; the output
+ends with the per-property table and each failure's cause once, shrunk, with its repro (pytest's
+tracebacks go to a file); exit status 1 on any failure. It runs pytest on the installed property
+modules (``flashprop.properties``). ``bench`` times kernels on the benchmark grid
+(``flashprop.benchmarks``, pytest-benchmark) and prints the table; ``gate`` compares a bench
+run's anchor ratios with a baseline, exit 1 on a regression. Arguments ``fuzz`` and ``bench``
+do not know, and anything after ``--``, go to pytest.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
+import tempfile
 from importlib.metadata import entry_points
+from pathlib import Path
+
+from flashprop.plugin import MAX_EXAMPLES_HELP
 
 #: The property modules, as ``fuzz --properties`` names them (``golden`` for test_golden.py).
 PACKAGE = "flashprop.properties"
+#: ``bench --suites``: the benchmark modules of ``flashprop.benchmarks`` (``benchmarks/``).
+SUITES = {"attention": "bench_attention", "memory": "bench_memory", "layer": "bench_layer",
+          "suite": "bench_suite"}
 
 
 def _plugin_args() -> list[str]:
@@ -38,27 +53,72 @@ def _pytest(args: list[str]) -> int:
 
 
 def fuzz(ns: argparse.Namespace) -> int:
+    """Fuzz kernels with every applicable property (the fuzz profile); the output ends with the
+    table (examples run and asked per property, skip reasons) and the failures by cause; pytest's
+    tracebacks go to a file unless --tracebacks. Exit status 1 on any failure."""
     targets = [f"{PACKAGE}.test_{name}" for name in ns.properties] if ns.properties else [PACKAGE]
     args = ["--pyargs", *targets, "-q", "-m", "not meta", "--hypothesis-profile", "fuzz", "-W",
             "ignore::RuntimeWarning"]
+    if not ns.tracebacks:  # the table and the failures by cause are the report; tracebacks to a file
+        args += ["--tracebacks-file", ns.tracebacks_file or os.path.join(
+            tempfile.gettempdir(), f"flashprop-tracebacks-{os.getpid()}.txt")]
     for kernel in ns.kernel:
         args += ["--kernel", kernel]
     for option, value in (("--max-examples", ns.max_examples), ("--device", ns.device),
                           ("--tally-json", ns.json), ("--junitxml", ns.junit_xml),
-                          ("--example-db", ns.example_db), ("-n", ns.workers)):
+                          ("--example-db", ns.example_db), ("-n", ns.workers), ("--time", ns.time)):
         if value is not None:
             args += [option, str(value)]
     return _pytest([*args, *ns.pytest_args])
 
 
 def replay(ns: argparse.Namespace) -> int:
+    """Run one property on one problem, as a failure report prints it."""
     args = ["--pyargs", PACKAGE, "-q", "-m", "not meta", "--kernel", ns.kernel, "--replay", ns.problem]
     if ns.device:
         args += ["--device", ns.device]
     return _pytest(args)
 
 
+def bench(ns: argparse.Namespace) -> int:
+    """Time kernels on the benchmark grid against the anchors (sdpa-math on the CPU, SDPA flash
+    and cuDNN on a GPU), with pytest-benchmark; print the markdown table. Unavailable kernels and
+    undeclared problems are skipped with the reason."""
+    if importlib.util.find_spec("pytest_benchmark") is None:
+        print("flashprop bench: needs pytest-benchmark (pip install 'flashprop[bench]')", file=sys.stderr)
+        return 2
+    # files, not --pyargs: pytest reads the options of the suites' conftest only from a file's folder
+    files = [importlib.util.find_spec(f"flashprop.benchmarks.{SUITES[s]}").origin for s in ns.suites]
+    with tempfile.TemporaryDirectory(prefix="flashprop-bench-") as tmp:
+        results = ns.json or os.path.join(tmp, "bench.json")
+        out = ns.out or tmp
+        args = [*files, "-q", "-rs", f"--benchmark-json={results}", "--bench-report", out]
+        for option, value in (("--device", ns.device), ("--bench-kernels", ns.bench_kernels),
+                              ("--bench-subset", ns.bench_subset)):
+            if value is not None:
+                args += [option, value]
+        status = _pytest([*args, *ns.pytest_args])
+        table = Path(out) / "bench.md"
+        if table.is_file():
+            print(table.read_text())
+    if ns.out:
+        print(f"flashprop bench: the table (and plot, with matplotlib) are in {ns.out}")
+    if ns.json:
+        print(f"flashprop bench: results in {ns.json}; gate them with: flashprop gate BASELINE {ns.json}")
+    return status
+
+
+def gate(ns: argparse.Namespace) -> int:
+    """Compare the anchor ratios (anchor seconds / kernel seconds, both measured in one run) of
+    pytest-benchmark JSON files with a baseline: exit 0 pass, 1 regression beyond the tolerance,
+    2 nothing compared. --update writes the run into the baseline (benchmarks/gate.py)."""
+    from flashprop.benchmarks.gate import run
+
+    return run(ns)
+
+
 def kernels(ns: argparse.Namespace) -> int:
+    """List the registered kernels, whether each runs here and what it declares."""
     from flashprop.kernels.registry import BUILTIN, KernelUnavailable, load_kernel
 
     rows = [("kernel", "here", "dtypes", "head dims", "causal", "variants")]
@@ -81,13 +141,16 @@ def kernels(ns: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from flashprop.benchmarks.gate import add_arguments
+
     top = argparse.ArgumentParser(prog="flashprop", description="Property-based tests for attention kernels.")
     sub = top.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fuzz", help="fuzz kernels with every applicable property (the main job)",
-                       description=fuzz.__doc__ or __doc__.split("\n\n")[1])
+                       description=fuzz.__doc__)
     f.add_argument("kernel", nargs="+", help="registered name, module:attr or path/to/file.py:attr")
-    f.add_argument("--max-examples", type=int,
-                   help="examples per property, times its weight (forward 1, backward 3/4, most others 1/2)")
+    f.add_argument("--max-examples", type=int, metavar="N", help=MAX_EXAMPLES_HELP)
+    f.add_argument("--time", metavar="DURATION",
+                   help="time box (600, 90s, 10m, 1h): shared by the properties that draw examples")
     f.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda if available)")
     f.add_argument("-n", "--workers", help="pytest-xdist workers (a number or 'auto')")
     f.add_argument("--json", metavar="FILE", help="write the per-property tallies as JSON")
@@ -95,20 +158,46 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--example-db", metavar="DIR|URL", help="shared Hypothesis example database")
     f.add_argument("--properties", nargs="*", metavar="NAME",
                    help="property modules to run (golden, variants, varlen, ...; default: all)")
+    f.add_argument("--tracebacks", action="store_true",
+                   help="show pytest's tracebacks of the failed tests (by default they go to a file, named "
+                   "at the end, and the output ends with the table and the failures by cause)")
+    f.add_argument("--tracebacks-file", metavar="FILE",
+                   help="the tracebacks' file (default: flashprop-tracebacks-PID.txt in the temp folder)")
     f.set_defaults(run=fuzz)
-    k = sub.add_parser("kernels", help="the registered kernels and what each declares")
+    k = sub.add_parser("kernels", help="the registered kernels and what each declares",
+                       description=kernels.__doc__)
     k.set_defaults(run=kernels)
-    r = sub.add_parser("replay", help="run one property on one problem, as a failure report prints it")
+    r = sub.add_parser("replay", help="run one property on one problem, as a failure report prints it",
+                       description=replay.__doc__)
     r.add_argument("kernel")
     r.add_argument("problem", metavar="PROPERTY:Problem(...)")
     r.add_argument("--device", choices=("cpu", "cuda"))
     r.set_defaults(run=replay)
+    b = sub.add_parser("bench", help="time kernels on the benchmark grid (needs pytest-benchmark)",
+                       description=bench.__doc__)
+    b.add_argument("--bench-kernels", metavar="K,K",
+                   help="kernels to time: registered names, module:attr or file.py:attr (default: every "
+                   "registered one); other --bench-* options (seqlens, head-dims, dtypes, modes, anchors) "
+                   "go to pytest as they are")
+    b.add_argument("--bench-subset", metavar="NAME", help="a named subset of the grid (benchmarks/grid.py)")
+    b.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda if available)")
+    b.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=["attention", "memory"],
+                   help="what to time: attention (the TFLOP/s grid), memory (peak memory growth with N), "
+                   "layer (a transformer block), suite (the suite's own hot paths); default: attention "
+                   "memory")
+    b.add_argument("--json", metavar="FILE", help="keep the pytest-benchmark JSON (flashprop gate reads it)")
+    b.add_argument("--out", metavar="DIR", help="write the table (bench.md) and plot (bench.png) there")
+    b.set_defaults(run=bench)
+    g = sub.add_parser("gate", help="compare a bench run with a baseline: exit 1 on a regression",
+                       description=gate.__doc__)
+    add_arguments(g)
+    g.set_defaults(run=gate)
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run a subcommand; ``fuzz`` passes the arguments it does not know (or those after ``--``)
-    on to pytest."""
+    """Run a subcommand; ``fuzz`` and ``bench`` pass the arguments they do not know (or those
+    after ``--``) on to pytest."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # find my_pkg.mod:attn as `python -m` would, from here
@@ -117,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         at = argv.index("--")
         argv, extra = argv[:at], argv[at + 1 :]
     ns, unknown = parser().parse_known_args(argv)
-    if unknown and ns.command != "fuzz":
+    if unknown and ns.command not in ("fuzz", "bench"):
         parser().error(f"unrecognized arguments: {' '.join(unknown)}")
     ns.pytest_args = [*unknown, *extra]
     return ns.run(ns)

@@ -3,7 +3,8 @@
 Options:
     --kernel NAME|module:attr|path.py:attr   kernel under test (repeatable; default: triton)
     --device cpu|cuda                         where tensors live (default: cuda if available)
-    --max-examples N                          override the profile's examples per property
+    --max-examples N                          examples per property, times its weight (the
+                                              table's ``asked`` column: what each was given)
     --max-n N                                 largest sequence length drawn
     --tally-json PATH                         write the per-property tallies as JSON too, also
                                               during the run (merged by ``python -m
@@ -13,19 +14,28 @@ Options:
                                               (``properties/known_failures.py``)
     --example-db DIR|redis://HOST:PORT/N      Hypothesis example database shared by every
                                               worker and run (a directory, or Redis)
-    --time 10m                                time box: spread over the properties still to
-                                              run, each stops when its share is spent
+    --shards K                                each property test as K shards of its examples,
+                                              each from its own seed (``properties/campaign.py``)
+    --time 10m                                time box: spread over the properties that draw
+                                              examples, each stops when its share is spent
                                               (``properties/timebox.py``); the fuzz profile
                                               on the CPU with the default kernel is boxed at
                                               DEFAULT_CPU_BOX unless --time or --max-examples
+    --tracebacks-file PATH                    the failed tests' full tracebacks go there, not
+                                              to the terminal (``flashprop fuzz`` does this)
 
 Long runs print a progress line now and then; SIGTERM (a CI timeout) stops the run like SIGINT,
-with the table.
+with the table. The summary comes last, after pytest's own: the table (with each property's
+examples asked, and why a test drew none: its skip reason), then each failure's cause once with
+the properties it took down (``properties/causes.py``); with ``$GITHUB_STEP_SUMMARY`` set, the same
+is appended there as markdown.
 
 Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count; the
 workers' tallies are merged into the one summary table; a worker that dies (segfault, lost CUDA
 context) is replaced by xdist and the example it was running is reported as that property's
-failure, with its replay command.
+failure, with its replay command. ``--shards K`` splits each property test into K tests with
+distinct Hypothesis seeds and K shares of its examples, so that many workers fuzz one property
+(``properties/campaign.py``).
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
 
@@ -35,6 +45,8 @@ or that does not declare the device, is skipped with the reason.
 
 from __future__ import annotations
 
+import argparse
+import inspect
 import os
 import signal
 import threading
@@ -59,6 +71,14 @@ settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
 #: The time box of the fuzz profile's main job on the CPU with the default kernel (the Triton
 #: interpreter): a first table within minutes; --time or --max-examples go deeper.
 DEFAULT_CPU_BOX = 240.0
+#: What --max-examples does (the plugin's and ``flashprop fuzz``'s help): the weights are those
+#: the property tests pass to ``properties.check.run_property``.
+MAX_EXAMPLES_HELP = (
+    "examples per property, times the property's weight: forward and variant forward 1, backward "
+    "and variant backward 3/4, most others 1/2, malformed inputs and gradgradcheck 1/4, long "
+    "sequences 1/20 (200: forward 200, most 100, long-sequences 10; default: the Hypothesis "
+    "profile's number); the table's 'asked' column shows what each property was given"
+)
 #: The --known-failures entries, and those that matched no collected test.
 _KNOWN = pytest.StashKey[list]()
 _UNMATCHED = pytest.StashKey[list]()
@@ -68,13 +88,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flashprop")
     group.addoption("--kernel", action="append", default=[], help="kernel under test (repeatable)")
     group.addoption("--device", default=None, choices=("cpu", "cuda"), help="tensor device")
-    group.addoption(
-        "--max-examples",
-        type=int,
-        default=None,
-        help="examples per property, times the property's weight: forward 1, backward 3/4, most others "
-        "1/2, malformed inputs 1/4, long sequences less (the table shows what each ran)",
-    )
+    group.addoption("--max-examples", type=int, default=None, help=MAX_EXAMPLES_HELP)
     group.addoption("--max-n", type=int, default=None, help="largest sequence length drawn")
     group.addoption(
         "--tally-json", default=None, help="also write the per-property tallies to this JSON file"
@@ -99,12 +113,35 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="time box for the whole run (600, 90s, 10m, 1h): each property gets its share",
     )
     group.addoption(
+        "--tracebacks-file",
+        default=None,
+        metavar="PATH",
+        help="write the full tracebacks of failed tests to PATH instead of the terminal (which "
+        "then ends with the table and the failures by cause)",
+    )
+    group.addoption(
         "--known-failures",
         default=None,
         metavar="PATH",
         help="a file of tests expected to fail, one node id and ' # reason' per line: they run "
         "as strict xfails",
     )
+    group.addoption(
+        "--shards",
+        type=_shard_count,
+        default=1,
+        metavar="K",
+        help="run each property test as K shards, shard i drawing its share of the examples with "
+        "Hypothesis seed BASE + i (BASE: --hypothesis-seed, else random and shown in the header): "
+        "with -n, K workers fuzz one property in K different parts of the space",
+    )
+
+
+def _shard_count(text: str) -> int:
+    """``--shards``'s value: a whole number of shards, at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--shards takes a whole number >= 1, not {text!r}")
+    return int(text)
 
 
 def _device(config: pytest.Config) -> str:
@@ -190,9 +227,11 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     worker_output = getattr(session.config, "workeroutput", None)
     if worker_output is not None:
+        from flashprop.properties import compile_locks
         from flashprop.properties.report import rows
 
         worker_output["flashprop_tallies"] = rows()
+        worker_output["flashprop_compile"] = vars(compile_locks.STATS)  # summed by the controller
 
 
 def _time_box(config: pytest.Config) -> float | None:
@@ -214,14 +253,41 @@ def _time_box(config: pytest.Config) -> float | None:
     return DEFAULT_CPU_BOX if default_main_job else None
 
 
+def _draws(item: pytest.Item, config: pytest.Config) -> bool:
+    """Whether a kernel test will draw examples, and so take a share of the time box: its body
+    runs now, with the arguments it will get, up to its property (``timebox.draws``)."""
+    from flashprop.properties import timebox
+    from flashprop.properties.strategies import device_sizes
+
+    params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
+    if "kernel" not in params or item.get_closest_marker("skip") is not None:
+        return False
+    device = _device(config)
+    try:
+        loaded = _kernel_for(params["kernel"], device)
+    except Exception:  # the kernel fixture raises it again, and the run reports it
+        return True
+    if isinstance(loaded, str):
+        return False
+    values = {**params, "kernel": loaded, "device": device,
+              "sizes": device_sizes(device, config.getoption("--max-n"))}
+    names = list(inspect.signature(item.obj).parameters)
+    if not set(names) <= set(values):
+        return True  # it takes other fixtures: count it
+    return timebox.draws(lambda: item.obj(**{name: values[name] for name in names}))
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     from flashprop.properties import timebox
 
     config = session.config
     seconds = _time_box(config)
-    if seconds is not None and getattr(config, "workerinput", None) is None:
+    if seconds is not None:  # under xdist each worker boxes its part (the controller collects nothing)
         properties = [i for i in session.items if "kernel" in getattr(i, "fixturenames", ())]
-        timebox.start(seconds, len(properties))
+        drawing = sum(_draws(item, config) for item in properties)
+        worker = hasattr(config, "workerinput")
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
+        timebox.start(seconds, drawing, idle=len(properties) - drawing, processes=workers)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and getattr(config, "workerinput", None) is None:
         timebox.follow(reporter.write_line, reporter.isatty)
@@ -240,9 +306,50 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
         specs = metafunc.config.getoption("--kernel") or [default_kernel(_device(metafunc.config))]
         metafunc.parametrize("kernel", specs, indirect=True, scope="session")
+        shards = metafunc.config.getoption("--shards")
+        if shards > 1:
+            metafunc.parametrize("flashprop_shard", range(shards), indirect=True, ids=lambda i: f"shard{i}")
 
 
-_LOADED: dict[str, object] = {}
+@pytest.fixture(autouse=True)
+def flashprop_shard(request: pytest.FixtureRequest):
+    """``--shards``: the shard this property test runs (its seed and its share of the examples,
+    ``properties.campaign.Shard``); ``None`` for an unsharded test."""
+    if not hasattr(request, "param"):
+        yield None
+        return
+    from flashprop.properties.campaign import running
+
+    with running(request.config, request.param) as shard:
+        yield shard
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    from flashprop.properties.campaign import header
+
+    return header(config)
+
+
+#: (kernel spec, device) -> the kernel as tests get it, or why they are skipped.
+_LOADED: dict[tuple[str, str], object] = {}
+
+
+def _kernel_for(spec: str, device: str):
+    """The kernel ``spec`` as the tests on ``device`` get it, or why they are skipped (cached)."""
+    from flashprop.kernels.registry import KernelUnavailable, load_kernel, observe_outputs
+
+    if (spec, device) not in _LOADED:
+        try:
+            loaded = load_kernel(spec)
+        except KernelUnavailable as err:
+            _LOADED[spec, device] = f"unavailable: {err}"
+        else:
+            declared = loaded.capabilities.devices
+            _LOADED[spec, device] = (
+                observe_outputs(loaded, device) if device in declared
+                else f"kernel {spec} does not declare device {device} (declares {sorted(declared)})"
+            )
+    return _LOADED[spec, device]
 
 
 @pytest.fixture(scope="session")
@@ -252,22 +359,10 @@ def device(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def kernel(request: pytest.FixtureRequest, device: str):
-    from flashprop.kernels.registry import KernelUnavailable, load_kernel, observe_outputs
-
-    spec = request.param
-    if spec not in _LOADED:
-        try:
-            _LOADED[spec] = load_kernel(spec)
-        except KernelUnavailable as err:
-            _LOADED[spec] = str(err)
-    loaded = _LOADED[spec]
+    loaded = _kernel_for(request.param, device)
     if isinstance(loaded, str):
-        pytest.skip(f"unavailable: {loaded}")
-    if device not in loaded.capabilities.devices:
-        pytest.skip(
-            f"kernel {spec} does not declare device {device} (declares {sorted(loaded.capabilities.devices)})"
-        )
-    return observe_outputs(loaded, device)
+        pytest.skip(loaded)
+    return loaded
 
 
 @pytest.fixture(scope="session")
@@ -278,33 +373,80 @@ def sizes(request: pytest.FixtureRequest, device: str):
     return device_sizes(device, request.config.getoption("--max-n"))
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from flashprop.properties.report import TALLIES, dump, summary_lines
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A kernel test's skip reason goes into the tallies, on its row of the table."""
+    report = yield
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    if "kernel" in params:
+        from flashprop.properties import report as tallies
+
+        if call.when == "setup":
+            tallies.start_item()
+        if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
+            tallies.note_skip(params["kernel"], _label(item), report.longrepr[2].removeprefix("Skipped: "))
+    return report
+
+
+def _label(item: pytest.Item) -> str:
+    """The row of a test skipped before drawing: its name without ``test_``, and the arguments
+    it is parametrized with besides the kernel."""
+    names = set(inspect.signature(item.obj).parameters) - {"kernel"}
+    others = [str(v) for k, v in item.callspec.params.items() if k in names]
+    name = getattr(item, "originalname", item.name).removeprefix("test_")
+    return name + (f"[{'-'.join(others)}]" if others else "")
+
+
+def _write_tracebacks(terminalreporter, path: str) -> int:
+    """Write the failed tests' full reports (traceback, captured output) to ``path``; how many."""
+    failed = [r for key in ("failed", "error") for r in terminalreporter.stats.get(key, [])
+              if getattr(r, "longreprtext", "")]
+    if failed:
+        with open(path, "w") as f:
+            for r in failed:
+                f.write(f"{'=' * 20} {r.nodeid} ({r.when})\n{r.longreprtext}\n")
+                for title, content in r.sections:
+                    f.write(f"{'-' * 20} {title}\n{content}\n")
+                f.write("\n")
+    return len(failed)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After pytest's summary, so that it comes last: the table, each failure's cause once, the
+    time box's line, where the full tracebacks went; the same as markdown in
+    ``$GITHUB_STEP_SUMMARY`` when that is set (a GitHub Actions job's summary page)."""
+    path = config.getoption("--tracebacks-file")
+    written = path and _write_tracebacks(terminalreporter, path)
+    if path:
+        config.option.tbstyle = "no"  # pytest's summary leaves out the tracebacks now in the file
+    result = yield
+    from flashprop.properties import compile_locks, report, timebox
 
     if config.getoption("--tally-json"):
-        dump(config.getoption("--tally-json"))
-    from flashprop.properties import compile_locks
-
+        report.dump(config.getoption("--tally-json"))
     if compile_locks.installed():
         terminalreporter.write_line(f"flashprop: {compile_locks.STATS.line()}")
     for entry in config.stash.get(_UNMATCHED, []):
         terminalreporter.write_line(
             f"flashprop: known failure {entry.node_id} ({entry.where}) matched no collected test"
         )
-    lines = summary_lines()
-    if not lines:
-        return
-    terminalreporter.section("flashprop: examples per property")
-    for line in lines:
-        terminalreporter.write_line(line)
-    from flashprop.properties import timebox
-
-    if timebox.summary():
-        terminalreporter.write_line(f"flashprop: {timebox.summary()}")
-    failed = [(k, t) for k, t in sorted(TALLIES.items()) if t.last_failure]
-    if failed:
-        terminalreporter.section("flashprop: failures (shrunk problem and repro)")
-        for (kern, prop), t in failed:
-            terminalreporter.write_line(f"--- {kern} / {prop}")
-            for line in t.last_failure.splitlines():
-                terminalreporter.write_line(line)
+    lines = report.summary_lines()
+    if lines:
+        terminalreporter.section("flashprop: examples per property")
+        for line in lines:
+            terminalreporter.write_line(line)
+        if timebox.summary():
+            terminalreporter.write_line(f"flashprop: {timebox.summary()}")
+    failures = report.failure_lines()
+    if failures:
+        terminalreporter.section("flashprop: failures by cause (the smallest problem of each, shrunk)")
+        for line in failures[:-1]:
+            terminalreporter.write_line(line)
+    if written:
+        terminalreporter.write_line(f"flashprop: the tracebacks of the {written} failed tests are in {path}")
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if step_summary and lines:
+        with open(step_summary, "a") as f:  # appended: each step of a job adds its part
+            f.write("\n".join(report.markdown_lines()))
+    return result

@@ -91,6 +91,11 @@ class Capabilities:
         devices: device types it runs on (``"cpu"``, ``"cuda"``).
         block_m, block_n: tile sizes it accepts as keyword arguments (empty: none).
         max_seqlen: the largest Nq/Nk it accepts, ``None`` for no limit.
+        max_elements: the most elements any one of q, k, v or o may hold (B * H * N * D; packed
+            T * H * D for varlen), and the most a strided view of them may span from its first
+            element to its last: ``2**31 - 1`` for a kernel that computes offsets in 32 bits.
+            ``None``: no limit (64-bit offsets). Beyond it the kernel must refuse the call with
+            a clear error (``docs/scale.md``: the huge-tensor properties hold both sides of it).
         fp32_matmul: how float32 products are done: ``"ieee"`` or ``"tf32"``. A tf32 kernel is
             judged against a tf32 yardstick (inputs rounded to tf32).
         limits: known limits, each with its reason.
@@ -123,6 +128,7 @@ class Capabilities:
     block_m: tuple[int, ...] = ()
     block_n: tuple[int, ...] = ()
     max_seqlen: int | None = None
+    max_elements: int | None = None
     fp32_matmul: Literal["ieee", "tf32"] = "ieee"
     limits: tuple[Limit, ...] = field(default_factory=tuple)
     window: bool = False
@@ -162,6 +168,8 @@ class Capabilities:
             return f"layout {p.layout} not declared"
         if self.max_seqlen is not None and max(p.nq, p.nk) > self.max_seqlen:
             return f"sequence length {max(p.nq, p.nk)} > max_seqlen {self.max_seqlen}"
+        if self.max_elements is not None and largest_tensor(p) > self.max_elements:
+            return f"a tensor of {largest_tensor(p)} elements > max_elements {self.max_elements}"
         if p.block_m is not None and p.block_m not in self.block_m:
             return f"block_m={p.block_m} not declared"
         if p.block_n is not None and p.block_n not in self.block_n:
@@ -237,6 +245,16 @@ class Capabilities:
         return any(lim.raises and lim.applies(p) for lim in self.limits) and not any(
             lim.applies(p) and not lim.raises for lim in self.limits
         )
+
+
+def largest_tensor(p: Problem) -> int:
+    """Elements of the problem's largest tensor among q, k, v and o (their gradients have the
+    same sizes): ``B * H * N * D`` per tensor, packed ``T * H * D`` for varlen, the cache's
+    ``B * Ncache * Hkv * D`` for decode."""
+    if p.seqlens is not None:
+        tq, tk = (sum(pair[i] for pair in p.seqlens) for i in (0, 1))
+        return max(tq * p.hq * max(p.d, p.dv), tk * p.hkv * max(p.d, p.dv))
+    return max(p.b * p.hq * p.nq * max(p.d, p.dv), p.b * p.hkv * p.nk * max(p.d, p.dv))
 
 
 FULL_SUPPORT = Capabilities()

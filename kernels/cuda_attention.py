@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 import torch
-from flashprop.kernels.capabilities import Capabilities
+from flashprop.kernels.capabilities import Capabilities, Limit
 
 __all__ = ["attention", "unavailable_reason"]
 
@@ -227,4 +227,10 @@ attention.capabilities = Capabilities(
     backward=True,
     deterministic=True,
     deterministic_backward=True,
+    limits=(
+        Limit(
+            reason="batch or heads above 65535: CUDA's grid z and y dimensions carry them",
+            applies=lambda p: max(p.b, p.hq) > 65535,
+        ),
+    ),
 )

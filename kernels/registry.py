@@ -57,7 +57,7 @@ BUILTIN: dict[str, str] = {
 #: The default CPU run (tox's ``py`` environment, ``mutants.run``'s correct kernels among them):
 #: the kernels that run on a machine without a GPU.
 CPU_KERNELS: tuple[str, ...] = ("ref-blocked", "sdpa-math", "triton")
-#: The property suite on a GPU (``ci/gpu-check``), slowest to compile first.
+#: The property suite on a GPU (``ci/gpu_check.py``), slowest to compile first.
 GPU_PROPERTY_KERNELS: tuple[str, ...] = (
     "triton", "cuda", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex",
 )

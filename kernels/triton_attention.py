@@ -1037,10 +1037,14 @@ def _capabilities() -> Capabilities:
         _explicit_tiles_fit(p.block_m or _DEFAULT_TILE, p.block_n or _DEFAULT_TILE,
                             p.d, p.dv, p.dtype),
     )
+    grid_y = Limit(
+        reason=f"batch * heads above {_MAX_GRID_Y}: CUDA's grid y dimension carries them",
+        applies=lambda p: p.device == "cuda" and p.b * p.hq > _MAX_GRID_Y,
+    )
     devices = frozenset({"cuda"}) if torch.cuda.is_available() else frozenset()
     return Capabilities(dtypes=frozenset(_ALL_DTYPES), devices=devices, block_m=TILE_SIZES,
                         block_n=TILE_SIZES, fp32_matmul="ieee",
-                        limits=(bf16_on_cpu, tiles_too_big))
+                        limits=(bf16_on_cpu, tiles_too_big, grid_y))
 
 
 attention.capabilities = _capabilities()

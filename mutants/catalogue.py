@@ -568,8 +568,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_head_dim_capped_64",
         TRITON,
-        "    block_d, block_dv = _pow2_dim(d), _pow2_dim(dv)\n",
-        "    block_d, block_dv = min(64, _pow2_dim(d)), min(64, _pow2_dim(dv))\n",
+        "    block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)\n",
+        "    block_d, block_dv = min(64, padded_head_dim(d)), min(64, padded_head_dim(dv))\n",
         "head dims above 64 dropped",
         "Head-dim tiles are capped at 64 columns: dims past 64 are neither read nor written. "
         "triton-lang/triton#621 (the tutorial FlashAttention computed with q[..., :64] when "
@@ -639,6 +639,33 @@ MUTANTS: tuple[Mutant, ...] = (
         "Nq > Nk) and the NaN spreads into dQ, dK and dV; the forward stays correct. "
         "Dao-AILab/flash-attention#443 (NaN in dQ, causal varlen with seqlen_q > seqlen_k), "
         "#1947 (NaN gradients of the Triton backend's varlen backward).",
+    ),
+    Mutant(
+        "blocked_offsets_int32",
+        BLOCKED,
+        "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
+        "softcap, slopes)\n",
+        "    def int32_addressed(t):  # t as read at element offsets sum(index * stride) held in int32\n"
+        "        offsets = torch.zeros((), dtype=torch.int64, device=t.device)\n"
+        "        for size, stride in zip(t.shape, t.stride()):\n"
+        "            offsets = offsets[..., None] + torch.arange(size, device=t.device) * stride\n"
+        "        offsets = (offsets + 2**31) % 2**32 - 2**31  # past 2^31 an int32 wraps negative\n"
+        "        span = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()\n"
+        "        read = t.detach().as_strided((span,), (1,))[offsets]  # before the base: the tail\n"
+        "        return t + (read - t).detach()  # the values read; the gradient still reaches t\n"
+        "\n"
+        "    q, k, v = (int32_addressed(t) for t in (q, k, v))\n"
+        "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
+        "softcap, slopes)\n",
+        "offsets computed in 32 bits",
+        "The dense entry point reads q, k and v at element offsets sum(index * stride) computed in "
+        "32 bits: past element 2^31 of a tensor (a tensor of more than 2^31 elements, or a view "
+        "whose outer stride is that large) the offset wraps negative and the read lands before "
+        "the base pointer (here: in the allocation's tail), silently; smaller tensors are "
+        "untouched. Dao-AILab/flash-attention#2611 (FA4's varlen backward accumulated "
+        "coord * stride in i32: corrupt dQ/dK/dV for a dout with a large outer stride), "
+        "pytorch/pytorch#190857 (FlexAttention's backward: K/V offsets past INT32_MAX), "
+        "Dao-AILab/flash-attention#1500 (FA2's backward row offsets overflowed at batch 10k).",
     ),
 )
 

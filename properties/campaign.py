@@ -8,21 +8,40 @@
   ``CUDA_VISIBLE_DEVICES`` leaves visible) and notes its examples and tallies in files the
   controller reads.
 - :func:`collect_node`: the controller merges each worker's tallies into the summary table
-  (from the worker's output, or from its last saved tally if it died) and reports the example a
-  dead worker was running as a failure of that property, with the command that replays it.
+  (from the worker's output, or from its last saved tally if it died), adds its Triton compile
+  statistics to the controller's line (``properties/compile_locks.py``), and reports the example
+  a dead worker was running as a failure of that property, with the command that replays it.
+- :class:`Shard` (``--shards K``): each property test runs as K shards, shard ``i`` drawing its
+  share of the property's examples with Hypothesis seed ``BASE + i`` (:func:`seed_base`), so K
+  workers explore K different parts of the space on one property, and runs with disjoint seed
+  ranges add up.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import random
+import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import hypothesis.core
+import pytest
+from flashprop.properties import compile_locks
 from flashprop.properties.report import autosave, merge_rows, note_current, record
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"
+#: The first shard's seed, chosen by the controller and handed to its workers.
+_SEED_BASE = "flashprop_seed_base"
+_BASE_KEY = pytest.StashKey[int]()
+#: Workers whose tallies were merged (xdist reports an interrupted worker down twice).
+_COLLECTED: set[str] = set()
 
 
 def example_database(spec: str):
@@ -40,11 +59,15 @@ def example_database(spec: str):
 
 
 def configure_node(node) -> None:
-    """Controller side: a folder for the worker's files (one per controller, made once)."""
+    """Controller side: a folder for the worker's files (one per controller, made once, removed
+    at exit) and the shards' seed base, the same for every worker."""
     folder = getattr(configure_node, "folder", None)
     if folder is None:
         folder = configure_node.folder = tempfile.mkdtemp(prefix="flashprop-workers-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
     node.workerinput[_FOLDER] = folder
+    if node.config.getoption("--shards") > 1:
+        node.workerinput[_SEED_BASE] = seed_base(node.config)
 
 
 def _files(folder: str, worker: str) -> tuple[Path, Path]:
@@ -69,12 +92,17 @@ def configure_worker(workerinput: dict, device: str) -> None:
 def collect_node(node, error) -> None:
     """Controller side: merge the worker's tallies; a dead worker's last example is a failure."""
     worker = node.workerinput.get("workerid", "?")
+    if worker in _COLLECTED:  # an interrupted worker: finished (merged then), and down again
+        return
+    _COLLECTED.add(worker)
     folder = node.workerinput.get(_FOLDER)
     found = getattr(node, "workeroutput", {}).get("flashprop_tallies")
     tally, current = _files(folder, worker) if folder else (None, None)
     if found is None and tally is not None and tally.exists():
         found = json.loads(tally.read_text())
     merge_rows(found or [])
+    for name, value in getattr(node, "workeroutput", {}).get("flashprop_compile", {}).items():
+        setattr(compile_locks.STATS, name, getattr(compile_locks.STATS, name) + value)
     if error is not None and current is not None and current.exists():
         last = json.loads(current.read_text())
         message = "\n".join([
@@ -89,3 +117,81 @@ def collect_node(node, error) -> None:
     for path in (tally, current):
         if path is not None and path.exists():
             os.unlink(path)
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Shard ``index`` of ``count`` of one property test (``--shards``): it runs
+    ``examples // count`` of the property's examples, one more for the first ``examples % count``
+    shards (so the shares add up to the property's examples), drawn from Hypothesis seed
+    ``seed``."""
+
+    index: int
+    count: int
+    seed: int
+
+    def __str__(self) -> str:
+        return f"shard {self.index} of {self.count} (seed {self.seed})"
+
+    def share(self, prop: str, examples: int) -> int:
+        """This shard's part of ``prop``'s ``examples``; a shard left without any is skipped."""
+        mine = examples // self.count + (self.index < examples % self.count)
+        if not mine:
+            pytest.skip(f"{self}: {prop}'s {examples} examples all went to the shards before it")
+        return mine
+
+
+_running: list[Shard] = []
+
+
+def seed_base(config: pytest.Config) -> int:
+    """The seed of shard 0 (shard ``i`` draws from ``base + i``): ``--hypothesis-seed`` (an
+    integer), else the controller's (a worker's ``workerinput``), else a random one, drawn once
+    per run and shown in the header."""
+    if _BASE_KEY not in config.stash:
+        given = config.getoption("--hypothesis-seed", None)
+        worker = getattr(config, "workerinput", {})
+        if given is not None:
+            try:
+                config.stash[_BASE_KEY] = int(given)
+            except ValueError as err:
+                raise pytest.UsageError(f"--shards needs an integer --hypothesis-seed: {given!r}") from err
+        elif _SEED_BASE in worker:
+            config.stash[_BASE_KEY] = worker[_SEED_BASE]
+        else:
+            config.stash[_BASE_KEY] = random.SystemRandom().randrange(2**32)
+    return config.stash[_BASE_KEY]
+
+
+def header(config: pytest.Config) -> str | None:
+    """The run's header line about its shards (``None`` without ``--shards``)."""
+    count = config.getoption("--shards")
+    if count <= 1:
+        return None
+    base = seed_base(config)
+    return (f"flashprop: {count} shards per property test, Hypothesis seeds {base}..{base + count - 1} "
+            f"(--hypothesis-seed {base} draws them again)")
+
+
+@contextmanager
+def running(config: pytest.Config, index: int) -> Iterator[Shard]:
+    """Shard ``index`` is the running test's while the context lasts (:func:`current_shard`):
+    Hypothesis draws from its seed (``hypothesis.core.global_force_seed``, what
+    ``--hypothesis-seed`` sets; the property turns ``derandomize`` off, which would override it).
+    Unlike ``@hypothesis.seed``, this keeps the example database in use, and it leaves the
+    property's source, from which a derandomized run's examples are drawn, as it is."""
+    shard = Shard(index, config.getoption("--shards"), seed_base(config) + index)
+    previous = hypothesis.core.global_force_seed
+    _running.append(shard)
+    hypothesis.core.global_force_seed = shard.seed
+    try:
+        yield shard
+    finally:
+        _running.remove(shard)
+        hypothesis.core.global_force_seed = previous
+
+
+def current_shard() -> Shard | None:
+    """The running test's shard, or ``None`` when the run is not sharded."""
+    return _running[-1] if _running else None
+

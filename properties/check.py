@@ -19,9 +19,10 @@ import pytest
 import torch
 from flashprop.kernels.registry import Kernel
 from flashprop.properties import timebox
+from flashprop.properties.campaign import current_shard
 from flashprop.properties.diagnosis import diagnose
 from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.report import REPLAY_HEADER, TALLIES, begin, noting, record
+from flashprop.properties.report import REPLAY_HEADER, TALLIES, begin, expect, noting, record
 from flashprop.properties.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
@@ -299,18 +300,23 @@ def run_property(
         culprit, what = next(iter(BROKEN.items()))
         pytest.skip(
             f"the CUDA context is broken since kernel {culprit} failed in {what} (reported there); "
-            "test each kernel in its own process (ci/gpu-check does)"
+            "test each kernel in its own process (ci/gpu_check.py does)"
         )
     base = settings(settings.default, **OVERRIDES)
     n = max(1, round(base.max_examples * weight))
+    shard = current_shard()
     if REPLAY is not None:
         replay_prop, replay_problem = REPLAY
         if prop != replay_prop:
             pytest.skip(f"--replay runs property {replay_prop!r} only")
-        problems, n = st.just(replay_problem), 1
+        problems, n, shard = st.just(replay_problem), 1, None
         base = settings(base, database=None, phases=[Phase.generate])
+    elif shard is not None:  # --shards: this shard's share, drawn from its seed (campaign.running)
+        n = shard.share(prop, n)
+        base = settings(base, derandomize=False)
 
     slot = timebox.share()
+    expect(kernel.name, prop, n)
 
     @settings(base, max_examples=n)
     @given(problems)

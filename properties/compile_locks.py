@@ -1,6 +1,6 @@
 """One compilation per Triton kernel variant across parallel test processes.
 
-``ci/gpu-check`` runs many pytest processes against one Triton kernel at once. They need the same
+``ci/gpu_check.py`` runs many pytest-xdist workers against one Triton kernel at once. They need the same
 compiled variants (one per combination of constexprs and argument specialisations) at about the
 same time, and each would compile every one of them, seconds apiece, although Triton's on-disk
 cache would hand the first process's result to the others: on the H200's 32 cores, 32 processes

@@ -1,8 +1,11 @@
-"""Per-property bookkeeping for the fuzz summary: examples run, passed, refused, failed."""
+"""Per-property bookkeeping for the fuzz summary: examples run, passed, refused, failed; what
+each property was asked to run; why a test drew nothing (its skip reason); the failures, grouped
+by cause (:mod:`properties.causes`), as text and as markdown (a CI job's summary page)."""
 
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import sys
@@ -11,21 +14,29 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
 from flashprop.properties import timebox
+from flashprop.properties.causes import Failure, Group, group
 
 OUTCOMES = ("passed", "refused", "failed")
 #: The line of a failure report after which comes the command that replays it alone
 #: (written by properties.check.failure, read by ci/replay_failures.py).
 REPLAY_HEADER = "replay this property on this problem alone:"
+#: The table's columns (the first six are what scripts read: ci/fuzz_state.py, ci/gpu-check).
+COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
 
 
 @dataclass
 class Tally:
+    """One property on one kernel: examples by outcome, their seconds, the examples it was asked
+    for (``max_examples`` times its weight, summed over processes), its last failure report and
+    the reasons it was skipped (a test skipped before drawing has a tally with only those)."""
+
     passed: int = 0
     refused: int = 0
     failed: int = 0
     seconds: float = 0.0
     last_failure: str | None = None
     skipped: list[str] = field(default_factory=list)
+    asked: int = 0
 
     @property
     def run(self) -> int:
@@ -40,6 +51,8 @@ AUTOSAVE_SECONDS = 10.0
 _autosave = {"path": None, "at": 0.0}
 #: Examples and failures recorded in this process (for the progress lines).
 _totals = {"examples": 0, "failed": 0}
+#: The property the running test recorded examples of (its skip is noted there).
+_item: dict[str, str | None] = {"prop": None}
 
 
 def autosave(path: str) -> None:
@@ -53,6 +66,7 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | 
     tally = TALLIES[(kernel, prop)]
     setattr(tally, outcome, getattr(tally, outcome) + 1)
     tally.seconds += seconds
+    _item["prop"] = prop
     if failure is not None:
         tally.last_failure = failure
     # saved at a property's first failure (not at each of its shrinking steps), else now and then
@@ -63,20 +77,125 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | 
         dump(_autosave["path"])
     _totals["examples"] += 1
     _totals["failed"] += outcome == "failed"
-    timebox.tick(_totals["examples"], _totals["failed"], len(TALLIES))
+    timebox.tick(_totals["examples"], _totals["failed"], sum(t.run > 0 for t in TALLIES.values()))
+
+
+def expect(kernel: str, prop: str, examples: int) -> None:
+    """Note that ``prop`` on ``kernel`` is asked for ``examples`` examples (the profile's or
+    ``--max-examples``'s number times the property's weight)."""
+    TALLIES[(kernel, prop)].asked += examples
+    _item["prop"] = prop
+
+
+def start_item() -> None:
+    """A test starts: a skip noted from now on belongs to the property it records, if any."""
+    _item["prop"] = None
+
+
+def note_skip(kernel: str, label: str, reason: str) -> None:
+    """Note why the running test on ``kernel`` was skipped: on the property it recorded (a time
+    box cut it), else on ``label`` (the test's name: it skipped before drawing)."""
+    TALLIES[(kernel, _item["prop"] or label)].skipped.append(reason)
+
+
+def _note(tally: Tally, numbers: dict[tuple[str, str], int], key: tuple[str, str]) -> str:
+    if key in numbers:
+        return f"failed: cause [{numbers[key]}]"
+    reasons = list(dict.fromkeys(tally.skipped))
+    if not reasons:
+        return ""
+    more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+    return ("" if tally.run else "skipped: ") + reasons[0] + more
+
+
+def _ordered() -> list[tuple[tuple[str, str], Tally]]:
+    """Tallies that ran examples, then those only skipped, each by kernel and property."""
+    return sorted(TALLIES.items(), key=lambda kv: (kv[1].run == 0, kv[0]))
+
+
+def _skipped_alike(kernel: str) -> tuple[int, str] | None:
+    """``(tests, reason)`` when every test of ``kernel`` was skipped before drawing, all for one
+    reason (a kernel that cannot load here, a device it does not declare), else ``None``."""
+    tallies = [t for (k, _), t in TALLIES.items() if k == kernel]
+    reasons = {reason for t in tallies for reason in t.skipped}
+    if len(tallies) < 2 or len(reasons) != 1 or any(t.run or t.asked for t in tallies):
+        return None
+    return len(tallies), reasons.pop()
+
+
+def table_rows() -> list[tuple[str, ...]]:
+    """The table's rows as strings, one per tally (:data:`COLUMNS`); a kernel whose tests were
+    all skipped for one reason gets one row."""
+    numbers = {(g.kernel, prop): i for i, g in enumerate(failure_groups(), 1) for prop in g.properties}
+    alike = {kernel: found for kernel, _ in TALLIES if (found := _skipped_alike(kernel))}
+    out: list[tuple[str, ...]] = []
+    for key, t in _ordered():
+        if key[0] in alike:
+            tests, reason = alike[key[0]]
+            row = (key[0], f"(all-{tests}-tests)", *("-",) * 6, f"skipped: {reason}")
+            out += [] if row in out else [row]
+            continue
+        rate = f"{t.run / t.seconds:.1f}" if t.seconds > 0 else "-"
+        counts = (str(t.run), str(t.passed), str(t.refused), str(t.failed), rate) if t.run else ("-",) * 5
+        out.append((*key, *counts, str(t.asked) if t.asked else "-", _note(t, numbers, key)))
+    return out
 
 
 def summary_lines() -> list[str]:
-    """A table: kernel, property, examples run, passed, refused, failed, examples/s."""
+    """A table: kernel, property, examples run, passed, refused, failed, examples/s, examples
+    asked, and a note (the failure's cause number, or why the test was skipped)."""
     if not TALLIES:
         return []
-    rows = [("kernel", "property", "run", "passed", "refused", "failed", "ex/s")]
-    for (kernel, prop), t in sorted(TALLIES.items()):
-        rate = f"{t.run / t.seconds:.1f}" if t.seconds > 0 else "-"
-        rows.append((kernel, prop, str(t.run), str(t.passed), str(t.refused), str(t.failed), rate))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    rows = [COLUMNS, *table_rows()]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
+    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
     return [lines[0], "-" * len(lines[0]), *lines[1:]]
+
+
+def failure_groups() -> list[Group]:
+    """The failures in the tallies, grouped by cause (:func:`properties.causes.group`)."""
+    return group(Failure(k, p, t.last_failure) for (k, p), t in sorted(TALLIES.items()) if t.last_failure)
+
+
+def _heading(number: int, g: Group) -> str:
+    if len(g.properties) == 1:
+        return f"[{number}] {g.kernel} / {g.properties[0]}"
+    return f"[{number}] {g.kernel}: {len(g.properties)} properties fail with one cause: {g.headline}"
+
+
+def failure_lines() -> list[str]:
+    """Each cause once: the properties it took down and the report of its smallest problem."""
+    lines: list[str] = []
+    for number, g in enumerate(failure_groups(), 1):
+        lines.append(_heading(number, g))
+        if len(g.properties) > 1:
+            lines += [f"    properties: {', '.join(g.properties)}",
+                      f"    the smallest problem among them ({g.smallest.prop}):"]
+        lines += ["    " + line for line in g.smallest.report.splitlines()]
+        lines.append("")
+    return lines
+
+
+def markdown_lines() -> list[str]:
+    """The table and the failures by cause as markdown (for ``$GITHUB_STEP_SUMMARY``)."""
+    if not TALLIES:
+        return []
+    failed = sum(t.failed > 0 for t in TALLIES.values())
+    ran = sum(t.run > 0 for t in TALLIES.values())
+    verdict = f"{failed} of {ran} properties failed" if failed else f"{ran} properties passed"
+    kernels = ", ".join(sorted({kernel for kernel, _ in TALLIES}))
+    lines = [f"## flashprop on {kernels}: {verdict}", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows()]
+    groups = failure_groups()
+    if groups:
+        lines += ["", "### Failures by cause", ""]
+    for number, g in enumerate(groups, 1):
+        lines += [f"<details><summary>{html.escape(_heading(number, g))}</summary>", ""]
+        if len(g.properties) > 1:
+            lines += [f"properties: {', '.join(g.properties)}; the smallest problem ({g.smallest.prop}):", ""]
+        lines += ["```", *g.smallest.report.splitlines(), "```", "", "</details>", ""]
+    return [*lines, ""]
 
 
 def rows() -> list[dict]:
@@ -100,6 +219,8 @@ def merge_rows(found: list[dict]) -> None:
             setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
         tally.seconds += row["seconds"]
         tally.last_failure = row["last_failure"] or tally.last_failure
+        tally.skipped += row.get("skipped", [])
+        tally.asked += row.get("asked", 0)
 
 
 def merge(paths: list[str]) -> None:
@@ -132,16 +253,18 @@ def begin(kernel: str, prop: str, problem: str, replay: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m properties.report TALLY.json...``: the merged table; exit 1 if any failed."""
+    """``python -m properties.report TALLY.json...``: the merged table, then the failures by
+    cause; exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("tallies", nargs="+", help="files written by pytest --tally-json")
     args = parser.parse_args(argv)
     merge(args.tallies)
     print("\n".join(summary_lines()))
-    failed = [(k, t) for k, t in sorted(TALLIES.items()) if t.failed]
-    for (kernel, prop), t in failed:
-        print(f"\n--- {kernel} / {prop}: {t.failed} failed\n{t.last_failure}")
-    return 1 if failed else 0
+    failures = failure_lines()
+    if failures:
+        print("\nfailures by cause (the smallest problem of each, shrunk, with its repro):")
+        print("\n".join(failures))
+    return 1 if any(t.failed for t in TALLIES.values()) else 0
 
 
 if __name__ == "__main__":

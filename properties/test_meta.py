@@ -422,7 +422,7 @@ def test_error_contract_catches_silent_wrong_answers(refuse: bool):
 
 
 def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """ci/gpu-check runs one pytest per (kernel, file, seed): their tallies add up exactly."""
+    """Tallies of several processes (xdist workers, ci/gpu_check.py's calls) add up exactly."""
     import flashprop.properties.report as report
 
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
@@ -523,7 +523,7 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
 
 
 def test_compile_stats_lines_read_back_and_sum():
-    """ci/gpu-check sums the processes' compile lines with ``python -m properties.compile_locks``:
+    """ci/gpu_check.py sums its runs' compile lines (each the sum of the run's xdist workers):
     the parser reads back what ``line()`` prints, and logs without a line are left out."""
     from flashprop.properties.compile_locks import CompileStats, summary
 

@@ -5,12 +5,16 @@
   costs one worker, which xdist replaces: the problem is reported as that property's failure with
   its replay command, and every other property's tally is complete;
 - two runs sharing a Redis example database (a real ``redis-server``, started and stopped here):
-  the failure the first run found is the second run's first example.
+  the failure the first run found is the second run's first example;
+- ``--shards``: the shards of a property draw from consecutive seeds, different problems, and
+  their examples add up to the property's; a worker reported down twice is merged once.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import socket
 import subprocess
@@ -20,6 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
+from flashprop.properties import campaign, report
 
 pytestmark = pytest.mark.meta
 
@@ -33,8 +38,9 @@ CRASHER = textwrap.dedent('''
 
 
     def attn(q, k, v, *, causal=False, scale=None):
-        """ref-blocked, except that Nq = 13 kills the process (a segfault, as a lost CUDA context)."""
-        if q.shape[2] == 13:
+        """ref-blocked, except that Nq > 4 with Nk > 4 kills the process (a segfault, as a lost CUDA
+        context): the forward property draws such a problem early, the single-token one never."""
+        if q.shape[2] > 4 and k.shape[2] > 4:
             os.kill(os.getpid(), signal.SIGSEGV)
         return blocked(q, k, v, causal=causal, scale=scale)
 ''')
@@ -47,6 +53,23 @@ WRONG_AT_17 = textwrap.dedent('''
         """ref-blocked, except that Nk = 17 doubles the output: a rare bug to find once."""
         o, lse = blocked(q, k, v, causal=causal, scale=scale)
         return (2 * o if k.shape[2] == 17 else o), lse
+''')
+
+
+RECORDER = textwrap.dedent('''
+    import json
+    import os
+
+    from flashprop.properties.campaign import current_shard
+    from flashprop.refimpl.blocked import attention as blocked
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        """ref-blocked, noting each call's shard seed and problem (shapes, mask, first input)."""
+        with open(os.environ["FLASHPROP_RECORD"], "a") as f:
+            f.write(json.dumps([current_shard().seed, list(q.shape), list(k.shape), causal,
+                                q.flatten()[:1].tolist()]) + "\\n")
+        return blocked(q, k, v, causal=causal, scale=scale)
 ''')
 
 
@@ -72,7 +95,9 @@ def test_a_dead_worker_is_replaced_and_its_problem_reported(tmp_path: Path):
     out = run.stdout + run.stderr
     assert run.returncode == 1, out
     table = run.stdout[run.stdout.index("examples per property"):]
-    assert "died" in table and "nq=13" in table and "--replay" in table, table
+    assert "died" in table and "--replay" in table, table
+    nq, nk = map(int, re.search(r"problem: Problem\(.*?nq=(\d+), nk=(\d+)", table).groups())
+    assert nq > 4 and nk > 4, table  # the problem the worker died on
     rows = {line.split()[1]: line.split()[2:] for line in table.splitlines() if line.startswith(str(kernel))}
     dead = [prop for prop, cols in rows.items() if cols[3] != "0"]  # failed
     assert len(dead) == 1 and table.count(f"property '{dead[0]}' failed") == 1, table
@@ -120,13 +145,75 @@ def test_runs_sharing_a_redis_database_replay_a_failure_first(tmp_path: Path, re
     found = []
     for i in range(2):
         probe = tmp_path / f"probe{i}.json"
-        env = {**__import__("os").environ, "FLASHPROP_PROBE_OUT": str(probe)}
+        env = {**os.environ, "FLASHPROP_PROBE_OUT": str(probe)}
         run = _pytest("properties/test_golden.py::test_forward_matches_golden", "--kernel", f"{kernel}:attn",
                       "--hypothesis-profile", "fuzz", "--max-examples", "300", "--example-db", url,
                       "-p", "mutants.probe", env=env)
         assert run.returncode == 1 and "property 'forward' failed" in run.stdout, run.stdout + run.stderr
-        found.append(json.loads(probe.read_text()))
+        found.append(json.loads(probe.read_text())[f"{kernel}:attn"])  # the probe's entry of the kernel
         if i == 0:
             assert client.keys("flashprop:*"), "the first run saved nothing in Redis"
     assert found[1]["examples"] == 1, found  # the saved failure is replayed first
     assert "nk=17" in found[1]["failure"], found[1]["failure"]
+
+
+def test_shards_draw_different_problems_from_consecutive_seeds(tmp_path: Path):
+    """Under the derandomized ci profile too: the shards' seeds override it."""
+    kernel, record = tmp_path / "recorder.py", tmp_path / "calls.jsonl"
+    kernel.write_text(RECORDER)
+    env = {**os.environ, "FLASHPROP_RECORD": str(record)}
+    base = 40
+    run = _pytest("properties/test_golden.py::test_forward_matches_golden", "--kernel", f"{kernel}:attn",
+                  "--hypothesis-profile", "ci", "--shards", "3", "--max-examples", "10",
+                  "--hypothesis-seed", str(base), env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    table = run.stdout[run.stdout.index("examples per property"):]
+    assert f"{kernel}:attn  forward   10 " in table, table  # 4 + 3 + 3
+    calls: dict[int, set[str]] = {}
+    for line in record.read_text().splitlines():
+        seed, *problem = json.loads(line)
+        calls.setdefault(seed, set()).add(json.dumps(problem))
+    assert sorted(calls) == [base, base + 1, base + 2]
+    assert len(calls[base] | calls[base + 1] | calls[base + 2]) > max(map(len, calls.values()))  # different
+
+
+class _Config:
+    """What campaign.seed_base reads of a pytest config."""
+
+    def __init__(self, seed: str | None = None, workerinput: dict | None = None):
+        self.stash, self.option = pytest.Stash(), {"--hypothesis-seed": seed, "--shards": 4}
+        if workerinput is not None:
+            self.workerinput = workerinput
+
+    def getoption(self, name: str, default=None):
+        return self.option.get(name, default)
+
+
+def test_shard_seeds_and_shares():
+    assert campaign.seed_base(_Config(seed="12")) == 12
+    assert campaign.seed_base(_Config(workerinput={"flashprop_seed_base": 99})) == 99  # the controller's
+    drawn = _Config()
+    assert campaign.seed_base(drawn) == campaign.seed_base(drawn)  # random, drawn once per run
+    with pytest.raises(pytest.UsageError, match="integer --hypothesis-seed"):
+        campaign.seed_base(_Config(seed="abc"))
+    for examples in (4, 7, 100):
+        shares = [campaign.Shard(i, 4, i).share("forward", examples) for i in range(4)]
+        assert sum(shares) == examples and max(shares) - min(shares) <= 1
+    with pytest.raises(pytest.skip.Exception, match="went to the shards before it"):
+        campaign.Shard(3, 4, 3).share("forward", 2)
+
+
+class _Node:
+    def __init__(self, worker: str, rows: list[dict]):
+        self.workerinput, self.workeroutput = {"workerid": worker}, {"flashprop_tallies": rows}
+
+
+def test_an_interrupted_worker_reported_down_twice_is_merged_once(monkeypatch: pytest.MonkeyPatch):
+    """xdist reports an interrupted worker down twice (finished, then down with an error)."""
+    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    row = {"kernel": "k", "property": "forward", "passed": 5, "refused": 0, "failed": 0, "seconds": 1.0,
+           "last_failure": None, "skipped": []}
+    node = _Node("gw-interrupted", [row])
+    campaign.collect_node(node, None)
+    campaign.collect_node(node, "keyboard-interrupt")
+    assert report.TALLIES[("k", "forward")].passed == 5 and report.TALLIES[("k", "forward")].failed == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -30,20 +31,55 @@ def test_bad_durations_are_refused(text: str):
         parse_duration(text)
 
 
+NO_BACKWARD = textwrap.dedent("""
+    from flashprop import Capabilities
+    from flashprop.refimpl.blocked import attention
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        return attention(q, k, v, causal=causal, scale=scale)
+
+
+    attn.capabilities = Capabilities(backward=False, devices=frozenset({"cpu"}))
+""")
+
+
 def test_a_time_box_stops_every_property_at_its_share(tmp_path: Path):
-    """With 100,000 examples asked and a 6 s box over two properties, each stops at its share
-    (reported as a time-box skip with its examples in the table) and the run ends."""
-    run = subprocess.run([*RUN, "--time", "6s", "--max-examples", "100000", "properties/test_golden.py"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    """With 100,000 examples asked and a 6 s box over two kernels' forward and backward, of which
+    one kernel declares no backward, the box is shared by the three properties that draw (the
+    skipped one gets no share); each stops at its share (a time-box skip, its examples and the
+    reason in the table), and the run ends."""
+    (tmp_path / "nobwd.py").write_text(NO_BACKWARD)
+    run = subprocess.run([*RUN, "--kernel", f"{tmp_path}/nobwd.py:attn", "--time", "6s", "--max-examples",
+                          "100000", "properties/test_golden.py"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.count("time box: forward's share") + run.stdout.count("time box: backward's share") == 2
-    assert "flashprop: time box 0.1 min: 2 properties stopped" in run.stdout, run.stdout
+    table = run.stdout.split("examples per property")[-1]
+    cut = [line for line in table.splitlines() if "time box: forward's share" in line
+           or "time box: backward's share" in line]
+    assert len(cut) == 3, table
+    assert "does not declare backward" in table.split("backward_matches_golden")[-1], table
+    assert "time box 0.1 min, shared by 3 properties (1 skipped before drawing got none): 3 stopped" in table
+
+
+def test_xdist_workers_box_their_part(tmp_path: Path):
+    """Under pytest-xdist each worker boxes the properties it runs (one worker here, the cheapest
+    run that has one): both stop at their share."""
+    run = subprocess.run([*RUN, "-n", "1", "--time", "2s", "--max-examples", "100000",
+                          "properties/test_golden.py"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    table = run.stdout.split("examples per property")[-1]
+    assert "time box: forward's share" in table and "time box: backward's share" in table, run.stdout
 
 
 def test_sigterm_ends_the_run_with_its_table(tmp_path: Path):
-    proc = subprocess.Popen([*RUN, "--max-examples", "100000", "properties/test_golden.py"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(6)  # collected and running forward's examples
+    tally = tmp_path / "tally.json"
+    proc = subprocess.Popen([*RUN, "--max-examples", "100000", "--tally-json", str(tally),
+                             "properties/test_golden.py"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not tally.exists() and time.monotonic() < deadline:  # saved at forward's first example
+        time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert "examples per property" in out and "ref-blocked  forward" in out, out

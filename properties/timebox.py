@@ -1,11 +1,14 @@
 """The time box (``--time 10m``) and live progress of long runs.
 
-A time box spreads the run's time over the property tests still to run: each property, when it
-starts, gets ``(time left) / (properties left)`` (so the time of properties that finish early
-or are skipped goes to the later ones) and stops drawing examples when its share is spent. A
-property that has found a failure is never cut: it shrinks and reports as usual. A cut property
-is reported as skipped with its reason, and its examples stay in the table (libFuzzer's
-``-max_total_time`` is the habit).
+A time box spreads the run's time over the property tests that draw examples. Which ones will is
+known before the run: :func:`draws` runs each test's body up to its property (its checks of what
+the kernel declares), so a test skipped there (an undeclared variant, no backward, no lse) gets
+no share. Each property, when it starts, gets ``(time left) / (drawing properties left)`` (so the
+time of properties that finish early goes to the later ones) and stops drawing examples when its
+share is spent. A property that has found a failure is never cut: it shrinks and reports as
+usual. A cut property is reported as skipped with its reason, and its examples stay in the table
+(libFuzzer's ``-max_total_time`` is the habit). Under pytest-xdist each worker boxes the
+properties it runs, as if it had ``1 / workers`` of them.
 
 Progress: while examples run, a line every :data:`EVERY` seconds (every :data:`EVERY_CI`
 seconds when the output is not a terminal, as in CI logs) says how many properties, examples
@@ -18,12 +21,19 @@ import re
 import time
 from collections.abc import Callable
 
+import pytest
+
 #: Seconds between progress lines on a terminal, and in logs.
 EVERY, EVERY_CI = 15.0, 120.0
 _DURATION = re.compile(r"\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?\s*")
 
 _box: dict[str, float] = {}
+_probing = {"on": False}
 _progress: dict = {"write": None, "every": EVERY, "start": 0.0, "last": 0.0}
+
+
+class _Draws(BaseException):
+    """Raised by :func:`share` while :func:`draws` runs a test: it reached its property."""
 
 
 def parse_duration(text: str) -> float:
@@ -35,9 +45,31 @@ def parse_duration(text: str) -> float:
     return hours * 3600 + minutes * 60 + seconds
 
 
-def start(seconds: float, properties: int) -> None:
-    """Box the run: ``seconds`` in all, for ``properties`` property tests."""
-    _box.update(end=time.monotonic() + seconds, left=float(max(1, properties)), total=seconds, cut=0.0)
+def start(seconds: float, properties: int, idle: int = 0, processes: int = 1) -> None:
+    """Box the run: ``seconds`` in all, for the ``properties`` property tests that draw examples
+    (``idle``: the tests that will not, and so get no share), run by ``processes`` processes
+    (pytest-xdist workers) that each box their part, ``properties / processes`` of them."""
+    _box.update(end=time.monotonic() + seconds, left=max(1.0, properties / processes), total=seconds,
+                cut=0.0, drawing=float(properties), idle=float(idle))
+
+
+def draws(test: Callable[[], object]) -> bool:
+    """Whether ``test`` (a property test, its arguments bound) will draw examples. It runs up to
+    its property, where :func:`share` stops it, so only what comes before runs: the checks of
+    what the kernel declares (keep them cheap). A skip there says no, and so does returning
+    without a property; any other error says yes (the run reports it)."""
+    _probing["on"] = True
+    try:
+        test()
+    except _Draws:
+        return True
+    except pytest.skip.Exception:
+        return False
+    except (pytest.fail.Exception, Exception):
+        return True
+    finally:
+        _probing["on"] = False
+    return False
 
 
 def boxed() -> bool:
@@ -45,7 +77,10 @@ def boxed() -> bool:
 
 
 def share() -> tuple[float, float] | None:
-    """At a property's start: ``(its deadline, its share in seconds)``, or ``None`` unboxed."""
+    """At a property's start: ``(its deadline, its share in seconds)``, or ``None`` unboxed
+    (under :func:`draws`: stop the test there)."""
+    if _probing["on"]:
+        raise _Draws
     if not _box:
         return None
     seconds = max(0.0, _box["end"] - time.monotonic()) / max(1.0, _box["left"])
@@ -61,9 +96,10 @@ def summary() -> str | None:
     """The time box's closing line, or ``None`` when the run was not boxed."""
     if not _box:
         return None
-    total = _box["total"]
-    return (f"time box {total / 60:.1f} min: {int(_box['cut'])} properties stopped when their share was "
-            "spent; go deeper with --time 30m (or more), or --max-examples N without --time")
+    idle = f" ({int(_box['idle'])} skipped before drawing got none)" if _box["idle"] else ""
+    return (f"time box {_box['total'] / 60:.1f} min, shared by {int(_box['drawing'])} properties{idle}: "
+            f"{int(_box['cut'])} stopped when their share was spent; go deeper with --time 30m (or more), "
+            "or --max-examples N without --time")
 
 
 def follow(write: Callable[[str], None], terminal: bool) -> None:

@@ -1,0 +1,249 @@
+"""The property and fuzz phases of ``ci/gpu_check.py``: one pytest-xdist run per kernel, the
+state folder that makes calls add up, and each phase's report.
+
+A fuzz run splits each property test into ``fuzz_split`` shards (the plugin's ``--shards``),
+shard ``i`` drawing its share of the examples with Hypothesis seed ``BASE + i``
+(``properties/campaign.py``): the workers take different shards, so they fuzz one property in
+different parts of the space. A call's ``BASE`` is the first seed no kept call ran
+(:meth:`State.next_seed`), so the calls' examples are distinct and their tallies add up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import limited
+import replay_failures
+from flashprop.properties import compile_locks, report
+from gpu_settings import LEAST_SECONDS, NOT_STARTED, ROOT, Config, SettingError, say
+
+#: Sources whose version decides the results: the state folder is keyed by their hash.
+SOURCES = ("conftest.py", "flashprop", "kernels", "properties", "refimpl")
+
+
+def sources_hash(root: Path = ROOT) -> str:
+    """16 hex digits of the SHA-256 of :data:`SOURCES`' Python and CUDA files, in path order."""
+    tops = [root / name for name in SOURCES]
+    files = sorted(p for top in tops for p in ([top] if top.is_file() else top.rglob("*"))
+                   if p.suffix in (".py", ".cu", ".cuh") and p.is_file())
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build_cuda_kernel() -> None:
+    """The ``cuda`` kernel's extension, built (or found built) once, by one process, before
+    parallel processes race for it."""
+    code = ("from flashprop.kernels.cuda_attention import unavailable_reason as r; "
+            "print('cuda kernel:', r() or 'built')")
+    print(subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True).stdout,
+          end="", flush=True)
+
+
+def tag(kernel: str) -> str:
+    """A kernel spec as part of a file name."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", kernel)
+
+
+@dataclass
+class Run:
+    """One pytest run of the property or fuzz phase. ``args``: what decides its results (the
+    state folder's key); the workers and the tally file are added when it runs."""
+
+    phase: str
+    kernel: str
+    args: list[str]
+    seeds: tuple[int, int] | None = None
+    exit: int | None = None
+    seconds: float = 0.0
+    reused: bool = False
+
+    @property
+    def name(self) -> str:
+        seeds = f".seeds{self.seeds[0]}-{self.seeds[1]}" if self.seeds else ""
+        return f"{self.phase}.{tag(self.kernel)}{seeds}"
+
+
+def property_runs(cfg: Config) -> list[Run]:
+    """One run per kernel of the property phase (``--max-examples`` from NAME@N)."""
+    runs = []
+    for kernel, examples in cfg.kernels:
+        args = [*cfg.files, "--kernel", kernel, "--device", cfg.device, "--hypothesis-profile", cfg.profile,
+                "-m", "not meta"]
+        runs.append(Run("properties", kernel, args + (["--max-examples", str(examples)] if examples else [])))
+    return runs
+
+
+def fuzz_runs(cfg: Config, base: int) -> list[Run]:
+    """One run per fuzz kernel: the fuzz profile, each property test in ``fuzz_split`` shards
+    with seeds ``base .. base + fuzz_split - 1``."""
+    return [Run("fuzz", kernel, [*cfg.files, "--kernel", kernel, "--device", cfg.device,
+                                 "--hypothesis-profile", "fuzz", "-m", "not meta", "--max-examples",
+                                 str(cfg.fuzz_examples), "--shards", str(cfg.fuzz_split),
+                                 "--hypothesis-seed", str(base)], (base, base + cfg.fuzz_split - 1))
+            for kernel in cfg.fuzz_kernels]
+
+
+class State:
+    """``FLASHPROP_GPU_STATE``: per version of the sources (:func:`sources_hash`), each kept run's
+    tally (``NAME.json``), output (``NAME.log``) and record (``NAME.run.json``: its kernel,
+    arguments, exit status, seconds and seeds). A property run that passed is taken from here by
+    a later call with the same arguments; every fuzz run that left a tally is kept (cut off or
+    failed too: its examples ran), each with its own seeds, and they add up. The folder is small:
+    carried to another machine, a later call goes on while the sources are the same."""
+
+    def __init__(self, root: Path, sources: str):
+        self.folder = root / sources
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def records(self, phase: str) -> list[dict]:
+        """The kept runs of ``phase``, each record with its ``name``."""
+        return [{**json.loads(path.read_text()), "name": path.name.removesuffix(".run.json")}
+                for path in sorted(self.folder.glob(f"{phase}.*.run.json"))]
+
+    def next_seed(self) -> int:
+        """The first seed after every kept fuzz run's (0 in a new folder)."""
+        return max((r["seeds"][1] + 1 for r in self.records("fuzz")), default=0)
+
+    def check_seeds(self, runs: list[Run]) -> None:
+        """Refuse seeds a kept run of the same kernel ran (they would draw its examples again)."""
+        for run in runs:
+            for record in self.records("fuzz"):
+                first, last = record["seeds"]
+                if record["kernel"] == run.kernel and first <= run.seeds[1] and run.seeds[0] <= last:
+                    raise SettingError(f"fuzz seeds {run.seeds[0]}..{run.seeds[1]} of {run.kernel}: "
+                                       f"{first}..{last} ran in an earlier call ({self.folder}); "
+                                       "leave FLASHPROP_GPU_FUZZ_SEED unset to take fresh ones")
+
+    def take(self, run: Run, parts: Path) -> bool:
+        """Copy a passed run with the same arguments into ``parts``; True if there was one."""
+        record = self.folder / f"{run.name}.run.json"
+        if not record.is_file():
+            return False
+        kept = json.loads(record.read_text())
+        if kept["exit"] != 0 or kept["args"] != run.args:
+            return False
+        (parts / f"{run.name}.json").write_text((self.folder / f"{run.name}.json").read_text())
+        log = (self.folder / f"{run.name}.log").read_text()
+        (parts / f"{run.name}.log").write_text(
+            f"=== {run.phase}: finished in an earlier call (FLASHPROP_GPU_STATE {self.folder})\n{log}")
+        run.exit, run.seconds, run.reused = 0, kept["seconds"], True
+        return True
+
+    def keep(self, run: Run, parts: Path) -> None:
+        """Keep a run that ran: a property run that passed, a fuzz run that left a tally."""
+        tally = parts / f"{run.name}.json"
+        if run.reused or not tally.is_file() or (run.phase == "properties" and run.exit != 0):
+            return
+        for suffix in (".json", ".log"):
+            (self.folder / f"{run.name}{suffix}").write_text((parts / f"{run.name}{suffix}").read_text())
+        (self.folder / f"{run.name}.run.json").write_text(json.dumps(
+            {"kernel": run.kernel, "args": run.args, "exit": run.exit, "seconds": round(run.seconds, 1),
+             "seeds": run.seeds}, indent=1))
+
+
+def pytest_command(cfg: Config, run: Run, tally: Path) -> list[str]:
+    """The run's command: its arguments, the xdist workers (when ``jobs`` > 1), the tally file."""
+    workers = ["-n", str(cfg.jobs), "--dist", "load"] if cfg.jobs > 1 else []
+    return [sys.executable, "-m", "pytest", *run.args, *workers, "-p", "no:cacheprovider", "-q", "-rs",
+            "--tally-json", str(tally)]
+
+
+def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
+    """Run ``run`` within ``property_timeout`` and the deadline (exit 125 when less than
+    LEAST_SECONDS is left: not started); its output in ``parts/NAME.log``, its tally beside."""
+    command = pytest_command(cfg, run, parts / f"{run.name}.json")
+    log = parts / f"{run.name}.log"
+    limit = min(cfg.property_timeout, deadline - time.monotonic())
+    if limit < LEAST_SECONDS:
+        log.write_text(f"=== {run.phase}: not started (FLASHPROP_GPU_POOL_SECONDS reached): "
+                       f"{shlex.join(command)}\n")
+        run.exit = NOT_STARTED
+        return
+    # the workers compile each Triton kernel variant once between them (properties/compile_locks.py)
+    env = dict(os.environ, FLASHPROP_TRITON_COMPILE_LOCKS=str(parts / "compile-locks"))
+    if cfg.ids_given:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.ids)
+    say(f"{run.name}: {shlex.join(command[1:])}")
+    start = time.monotonic()
+    with log.open("w") as out:
+        out.write(f"=== {run.phase}: {shlex.join(command)}\n")
+        out.flush()
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        code = limited.stop(proc, limit, workers_first=cfg.jobs > 1)
+        run.exit = 0 if code == 5 else code  # 5: every collected test deselected (meta-tests only)
+        run.seconds = time.monotonic() - start
+        out.write(f"=== exit {run.exit} after {run.seconds:.0f} s\n")
+    say(f"{run.name}: exit {run.exit} after {run.seconds:.0f} s")
+
+
+def merged_table(tallies: list[Path]) -> str:
+    """``python -m properties.report`` of the tallies (run in this process): the merged table
+    and each failure."""
+    report.TALLIES.clear()
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        report.main([str(p) for p in tallies])
+    report.TALLIES.clear()
+    return text.getvalue().rstrip()
+
+
+def run_phase(cfg: Config, phase: str, runs: list[Run], parts: Path, state: State | None,
+              deadline: float) -> tuple[int, str]:
+    """Run the phase's runs (a property run that passed in an earlier call is taken from the
+    state folder), write ``OUT/PHASE.log``; the phase's exit status (1 if a run did not pass) and
+    its report: the merged table, the runs that did not pass, the replays, and with a state
+    folder the fuzz table of every call."""
+    for run in runs:
+        if not (phase == "properties" and state is not None and state.take(run, parts)):
+            execute(cfg, run, parts, deadline)
+        if state is not None:
+            state.keep(run, parts)
+    logs = [parts / f"{r.name}.log" for r in runs]
+    (cfg.out / f"{phase}.log").write_text("".join(p.read_text() for p in logs if p.is_file()))
+    tallies = [parts / f"{r.name}.json" for r in runs if (parts / f"{r.name}.json").is_file()]
+    lines = [merged_table(tallies) if tallies else "no tallies", ""]
+    failed = [r for r in runs if r.exit != 0]
+    if failed:
+        lines.append(f"runs with a non-zero exit (124: time limit, {NOT_STARTED}: not started, 137: killed "
+                     "after ignoring the interrupts):")
+        lines += [f"  {r.name}: exit {r.exit}" for r in failed]
+    lines.append(f"(runs: {len(runs)}, taken from an earlier call: {sum(r.reused for r in runs)})")
+    compiled = compile_locks.summary([p.read_text(errors="replace") for p in logs if p.is_file()])
+    if compiled:  # with compile locks: on the GPU
+        lines.append(compiled)
+    if cfg.replays > 0 and tallies:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            replay_failures.main(["--times", str(cfg.replays), *map(str, tallies)])
+        lines += ["", text.getvalue().rstrip()]
+    if phase == "fuzz" and state is not None:
+        lines += ["", state_table(state)]
+    return int(bool(failed)), "\n".join(lines)
+
+
+def state_table(state: State) -> str:
+    """The fuzz tallies of every kept call, merged, with their count and seeds."""
+    records = state.records("fuzz")
+    if not records:
+        return f"no fuzz run kept in {state.folder}"
+    seeds = sorted({tuple(r["seeds"]) for r in records})
+    return "\n".join([
+        f"every fuzz call with these sources ({state.folder}):",
+        merged_table([state.folder / f"{r['name']}.json" for r in records]),
+        f"(runs: {len(records)}, passed: {sum(r['exit'] == 0 for r in records)}, failed or cut off: "
+        f"{sum(r['exit'] != 0 for r in records)}; seeds "
+        f"{', '.join(f'{a}..{b}' for a, b in seeds)})",
+    ])

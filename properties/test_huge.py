@@ -1,0 +1,344 @@
+"""Tensors past 2^31 elements: where 32-bit offsets break (``properties/scale_problems.py``).
+
+- huge-heads, huge-batch, huge-rows, huge-varlen (GPU): a dense problem with a tensor of more
+  than 2^31 elements along one axis; the unit holding element 2^31 of each such tensor, and the
+  last unit, equal the same problem run alone: o, lse and (where declared) dq, dk, dv. Bitwise
+  where the kernel declares determinism (``deterministic``, ``deterministic_backward``) and the
+  property fixes its tiles by keyword (both runs then run the same tiles; for one long
+  sequence, tiles that divide 128). A kernel that picks its tiles or splits by problem size, as
+  FlashAttention-2's split-KV heuristic does, is not promised the same bits across sizes by
+  ``deterministic`` alone: otherwise the comparison is within the sum of both runs'
+  tolerance-model budgets. Memory, not FLOPs: 25-70 GiB, seconds.
+- spread-batch, spread-heads, spread-rows (CPU and GPU): small problems whose tensors are views
+  spanning past element 2^31 of their allocation; o, lse and gradients against the float64
+  golden within the tolerance model. The CPU's version of the huge properties: the same
+  offsets, in megabytes of memory.
+- scale-error-contract: a kernel that declares ``max_elements`` refuses, with a clear error,
+  problems and views past it, or answers them correctly.
+
+A huge example holds its GPU alone (a lock per GPU shared by the processes of ``ci/gpu-check``)
+and skips, saying so, when the GPU has not the memory (or runs out of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+from flashprop.kernels.registry import Kernel
+from flashprop.properties.agreement import budgets, disagreement, total
+from flashprop.properties.check import (
+    KernelRefused,
+    Outputs,
+    PropertyFailure,
+    judge,
+    reference_for,
+    replay_command,
+    run_kernel,
+    run_property,
+)
+from flashprop.properties.problem import Problem
+from flashprop.properties.report import REPLAY_HEADER
+from flashprop.properties.scale_problems import (
+    AXES,
+    ROW_BLOCK_ALIGN,
+    SPREAD_LAYOUTS,
+    Unit,
+    axis_of,
+    boundary_note,
+    device_free_bytes,
+    exclusive_device,
+    host_reserve_limit,
+    huge_bytes,
+    huge_inputs,
+    huge_problems,
+    spread_inputs,
+    spread_problems,
+    spread_span_bytes,
+    units,
+)
+from flashprop.properties.tolerance import budget
+from hypothesis import reject
+from hypothesis import strategies as st
+
+GRADIENTS = ("dq", "dk", "dv")
+#: Fraction of the GPU's free memory (at the test's start) a huge problem may plan to use.
+MEMORY_SHARE = 0.85
+#: The least memory a huge problem takes (fp16 heads: q, o, dO, dq and an fp32 accumulator).
+SMALLEST_HUGE_BYTES = 30 * 2**30
+#: Examples per property, as a share of the profile's (gpu: 3 huge, 15 spread; ci: 1 huge, 3 spread).
+HUGE_WEIGHT, SPREAD_WEIGHT = 0.03, 0.15
+_INT_VIEW = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class OutOfDeviceMemory(Exception):
+    """The problem did not fit the GPU after all (other processes, the kernel's workspace)."""
+
+
+@dataclass
+class Verdict:
+    """A huge or spread example's outcome: refused (a clear error on an undeclared problem), or
+    what differed (empty: it passed)."""
+
+    refused: bool = False
+    details: list[str] | None = None
+
+
+def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inputs: str) -> str:
+    """A failure report for a huge or spread problem: the report of
+    :func:`properties.check.failure`, whose repro rebuilds the tensors by ``inputs``."""
+    tiles = "".join(f", {n}={v}" for n, v in (("block_m", p.block_m), ("block_n", p.block_n)) if v)
+    lines = [
+        f"property {prop!r} failed for kernel {kernel.name!r}",
+        f"problem: {p.describe()}",
+        *details,
+        "repro (run from the flashprop root):",
+        "    import torch",
+        "    from flashprop.kernels import load_kernel",
+        "    from flashprop.properties.problem import Problem",
+        f"    from flashprop.properties.scale_problems import {inputs.split('(')[0]}",
+        f"    p = {p.constructor()}",
+        f"    inp, do = {inputs}",
+        f"    o, lse = load_kernel({kernel.name!r}).call(p.mode, inp.args, inp.kwargs, "
+        f"causal=p.causal, scale=p.scale{tiles})",
+        REPLAY_HEADER,
+        "    " + replay_command(kernel.name, prop, p),
+    ]
+    return "\n".join(lines)
+
+
+def bitwise_difference(name: str, a: torch.Tensor, b: torch.Tensor) -> str | None:
+    """Why ``a`` and ``b`` are not the same bits (``None`` when they are)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"{name}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}"
+    a, b = a.detach(), b.detach().to(a.device)
+    bits = _INT_VIEW[a.element_size()]
+    diff = a.contiguous().view(bits) != b.contiguous().view(bits)
+    if not diff.any():
+        return None
+    at = tuple(diff.nonzero()[0].tolist())
+    return (f"{name}: {int(diff.sum())} of {diff.numel()} elements differ bitwise, first at {at} "
+            f"({float(a[at]):.9g} vs {float(b[at]):.9g})")
+
+
+def unit_limits(kernel: Kernel, unit: Problem, backward: bool) -> dict[str, float]:
+    """Budgets for a unit compared with itself alone: twice its tolerance-model budget per
+    tensor (:mod:`properties.agreement`), the gradients' floors from the golden's bounds."""
+    golden, yard = reference_for(kernel, unit, backward=backward)
+    limits = total(*[budgets(unit.dtype, (golden, yard))] * 2)
+    if backward:
+        finite = golden.lse[torch.isfinite(golden.lse)]
+        logit = float(finite.abs().max()) if finite.numel() else 0.0
+        for name in GRADIENTS:
+            g, y = getattr(golden, name), getattr(yard, name).to(torch.float64)
+            err = float((y - g).abs().max()) if g.numel() else 0.0
+            limits[name] = 2 * budget(name, unit.dtype, err, golden.bounds[name], logit)[0]
+    return limits
+
+
+def compare_unit(kernel: Kernel, full: Outputs, unit: Unit, alone: Outputs, *, explicit_tiles: bool,
+                 backward: bool) -> list[str]:
+    """How the unit's part of the huge run differs from the unit run alone (empty: it does not)."""
+    caps = kernel.capabilities
+    pairs = [("o", full.o[unit.q_index], alone.o)]
+    if full.lse is not None and alone.lse is not None:
+        pairs.append(("lse", full.lse[unit.lse_index], alone.lse))
+    if backward:
+        pairs += [("dq", full.dq[unit.q_index], alone.dq), ("dk", full.dk[unit.kv_index], alone.dk),
+                  ("dv", full.dv[unit.kv_index], alone.dv)]
+    limits = None
+    bad = []
+    for name, a, b in pairs:
+        exact = explicit_tiles and (caps.deterministic_backward if name in GRADIENTS else caps.deterministic)
+        if exact:
+            msg = bitwise_difference(name, a, b)
+            if msg is not None:
+                limits = limits or unit_limits(kernel, unit.problem, backward)
+                within = disagreement(name, a, b, limits[name]) is None
+                msg += (" (within both runs' tolerance-model budgets: the kernel declares "
+                        "determinism and ran the same tiles, so its part of a larger problem "
+                        "should be the same bits)" if within else "")
+        else:
+            limits = limits or unit_limits(kernel, unit.problem, backward)
+            msg = disagreement(name, a, b, limits[name])
+        if msg is not None:
+            bad.append(msg)
+    return bad
+
+
+def _failure_details(report: str) -> list[str]:
+    """The lines of a :func:`properties.check.failure` report between its problem and its repro."""
+    lines = report.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.startswith("problem: ")), 0)
+    stop = next((i for i, line in enumerate(lines) if line.startswith("repro")), len(lines))
+    return lines[start:stop] or lines[:1]
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    return isinstance(err, torch.cuda.OutOfMemoryError) or isinstance(
+        err.__cause__, torch.cuda.OutOfMemoryError)
+
+
+def run_huge(kernel: Kernel, p: Problem, prop: str, *, declared: bool = True) -> Verdict:
+    """The huge problem, then each compared unit alone. Holds the GPU's memory only inside;
+    raises :class:`OutOfDeviceMemory` when it does not fit."""
+    caps = kernel.capabilities
+    backward = declared and caps.backward and caps.backward_reason(p) is None
+    if p.device == "cuda" and device_free_bytes(p.device) < huge_bytes(p):
+        reject()  # the GPU is busier than when the problem was drawn
+    try:
+        inputs, do = huge_inputs(p, caps.causal_alignment, backward)
+        full = run_kernel(kernel, p, prop, backward=backward, inputs=inputs, grad_output=do,
+                          declared=declared)
+    except KernelRefused:
+        return Verdict(refused=True)
+    except (torch.cuda.OutOfMemoryError, PropertyFailure) as err:
+        if _out_of_memory(err):
+            raise OutOfDeviceMemory(f"{type(err).__name__}: {str(err).splitlines()[0]}") from None
+        return Verdict(details=_failure_details(str(err)))  # the huge tensors go with the frame
+    del inputs, do
+    # the same tiles in both runs: given by keyword, and (one long sequence) aligned on the
+    # unit's first row, so that dK and dV sum the unit's rows in the same groups
+    explicit = p.block_m is not None and p.block_n is not None and (
+        axis_of(p) != "rows" or ROW_BLOCK_ALIGN % p.block_m == 0)
+    details = []
+    for unit in units(p, caps.causal_alignment):
+        try:
+            alone = run_kernel(kernel, unit.problem, prop, backward=backward)
+        except PropertyFailure as err:
+            return Verdict(details=[f"{unit.what}, run alone:", *_failure_details(str(err))])
+        bad = compare_unit(kernel, full, unit, alone, explicit_tiles=explicit, backward=backward)
+        if bad:
+            details += [f"{unit.what} differs from the same problem alone, "
+                        f"{unit.problem.describe()}:", *bad]
+    return Verdict(details=details)
+
+
+def huge_check(prop: str, *, declared: bool = True):
+    """The check of a huge property (:func:`run_huge` under the GPU's lock)."""
+
+    def check(kernel: Kernel, p: Problem) -> str | None:
+        try:
+            with exclusive_device(p.device):
+                verdict = run_huge(kernel, p, prop, declared=declared)
+        except OutOfDeviceMemory as err:
+            pytest.skip(f"{prop}: out of device memory at {p.describe()} (planned "
+                        f"{huge_bytes(p) / 2**30:.0f} GiB): {err}; the examples before it ran")
+        if verdict.refused:
+            return "refused"
+        if verdict.details:
+            inputs = f"huge_inputs(p, {kernel.capabilities.causal_alignment!r}, requires_grad=True)"
+            raise PropertyFailure(scale_failure(kernel, p, prop, verdict.details, inputs))
+        return None
+
+    return check
+
+
+def _huge_budget(device: str) -> int:
+    budget = int(device_free_bytes(device) * MEMORY_SHARE)
+    if budget < SMALLEST_HUGE_BYTES:
+        pytest.skip(f"a huge problem needs about {SMALLEST_HUGE_BYTES / 2**30:.0f} GiB of device "
+                    f"memory; {budget / 2**30:.1f} GiB are free to it here")
+    return budget
+
+
+@pytest.mark.parametrize("axis", AXES)
+def test_huge_independence(kernel: Kernel, device: str, axis: str):
+    """Along ``axis``, the units holding element 2^31 of a tensor, and the last unit, equal the
+    same problems run alone (forward, lse, gradients)."""
+    caps = kernel.capabilities
+    if device != "cuda":
+        pytest.skip("dense tensors of 2^31 elements (4 GiB each in fp16, 30 GiB and more a "
+                    "problem) are for a GPU; on the CPU test_spread_layouts reaches the same offsets")
+    if axis == "varlen" and not caps.varlen:
+        pytest.skip(f"kernel {kernel.name} does not declare varlen")
+    strategy = huge_problems(caps, axis, device=device, budget=_huge_budget(device))
+    run_property(kernel, f"huge-{axis}", strategy, huge_check(f"huge-{axis}"), weight=HUGE_WEIGHT)
+
+
+def _spread_max_bytes(device: str) -> int:
+    """Bytes one spread allocation may take: the host's reservable address space, or a fifth
+    of the GPU's free memory (four tensors: q, k, v, dO)."""
+    limit = host_reserve_limit() if device == "cpu" else int(device_free_bytes(device) * MEMORY_SHARE) // 5
+    if limit < 2**32:
+        pytest.skip(f"a view past 2^31 fp16 elements needs 4 GiB of "
+                    f"{'address space' if device == 'cpu' else 'device memory'}; "
+                    f"{limit / 2**30:.1f} GiB can be reserved here")
+    return limit
+
+
+def run_spread(kernel: Kernel, p: Problem, prop: str, *, declared: bool = True) -> Verdict:
+    """The spread problem's outputs against the golden of the same values laid out densely."""
+    caps = kernel.capabilities
+    backward = declared and caps.backward and caps.backward_reason(p) is None
+    if p.device == "cuda" and 4 * spread_span_bytes(p) > device_free_bytes(p.device):
+        reject()
+    inputs, do = spread_inputs(p, backward)
+    try:
+        out = run_kernel(kernel, p, prop, backward=backward, inputs=inputs, grad_output=do,
+                         declared=declared)
+    except KernelRefused:
+        return Verdict(refused=True)
+    except PropertyFailure as err:  # reported with the spread repro, not the dense one
+        return Verdict(details=[boundary_note(p), *_failure_details(str(err))])
+    del inputs, do
+    names = ("o", "lse", *GRADIENTS) if backward else ("o", "lse")
+    results = judge(kernel, p.replace(layout="contiguous"), out, names)
+    if all(r.ok for r in results):
+        return Verdict(details=[])
+    return Verdict(details=[boundary_note(p), *(r.describe() for r in results)])
+
+
+def spread_check(prop: str, *, declared: bool = True):
+    """The check of a spread property (:func:`run_spread` under the GPU's lock)."""
+
+    def check(kernel: Kernel, p: Problem) -> str | None:
+        with exclusive_device(p.device):
+            verdict = run_spread(kernel, p, prop, declared=declared)
+        if verdict.refused:
+            return "refused"
+        if verdict.details:
+            inputs = f"spread_inputs(p, requires_grad={kernel.capabilities.backward})"
+            raise PropertyFailure(scale_failure(kernel, p, prop, verdict.details, inputs))
+        return None
+
+    return check
+
+
+@pytest.mark.parametrize("layout", sorted(SPREAD_LAYOUTS))
+def test_spread_layouts(kernel: Kernel, device: str, layout: str):
+    """Views whose last slice lies past element 2^31 of their allocation: o, lse and gradients
+    agree with the golden of the same values laid out densely."""
+    caps = kernel.capabilities
+    if not caps.any_strides:
+        pytest.skip(f"kernel {kernel.name} declares contiguous inputs only (any_strides=False)")
+    if caps.max_elements is not None and caps.max_elements < 2**31:
+        pytest.skip(f"kernel {kernel.name} declares max_elements={caps.max_elements}: its "
+                    "refusal of such views is test_scale_error_contract's")
+    strategy = spread_problems(caps, layout, device=device, max_bytes=_spread_max_bytes(device))
+    run_property(kernel, layout, strategy, spread_check(layout), weight=SPREAD_WEIGHT)
+
+
+def test_scale_error_contract(kernel: Kernel, device: str):
+    """A kernel that declares ``max_elements`` refuses (ValueError, TypeError,
+    NotImplementedError) views that span more, and on a GPU dense problems that hold more, or
+    answers them correctly."""
+    caps = kernel.capabilities
+    if caps.max_elements is None:
+        pytest.skip(f"kernel {kernel.name} declares no max_elements: it claims every size, which "
+                    "test_huge_independence and test_spread_layouts hold it to")
+    prop = "scale-error-contract"
+    spread = [spread_problems(caps, layout, device=device, declared=False,
+                              max_bytes=_spread_max_bytes(device)) for layout in sorted(SPREAD_LAYOUTS)]
+    strategies = [st.one_of(*spread)]
+    if device == "cuda" and device_free_bytes(device) * MEMORY_SHARE >= SMALLEST_HUGE_BYTES:
+        budget = _huge_budget(device)
+        strategies += [huge_problems(caps, axis, device=device, budget=budget, declared=False)
+                       for axis in AXES[:3]]
+    spread_once, huge_once = spread_check(prop, declared=False), huge_check(prop, declared=False)
+
+    def check(kernel: Kernel, p: Problem) -> str | None:
+        return (spread_once if p.layout in SPREAD_LAYOUTS else huge_once)(kernel, p)
+
+    run_property(kernel, prop, st.one_of(*strategies), check, weight=SPREAD_WEIGHT)
