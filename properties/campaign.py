@@ -29,11 +29,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import hypothesis.core
 import pytest
 from flashprop.properties import compile_locks
-from flashprop.properties.report import autosave, merge_rows, note_current, record
+from flashprop.properties.report import autosave, merge_rows, note_cause, note_current, record, save_now
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"
@@ -89,6 +90,15 @@ def configure_worker(workerinput: dict, device: str) -> None:
         note_current(str(current))
 
 
+def end_worker(cause: str) -> NoReturn:
+    """Worker side, its CUDA context broken (``cause``): save the tallies, note the cause with
+    the current example and exit, so that xdist starts a fresh worker for the tests left and
+    the controller reports this example once (:func:`collect_node`)."""
+    save_now()
+    note_cause(cause)
+    os._exit(3)
+
+
 def collect_node(node, error) -> None:
     """Controller side: merge the worker's tallies; a dead worker's last example is a failure."""
     worker = node.workerinput.get("workerid", "?")
@@ -108,6 +118,7 @@ def collect_node(node, error) -> None:
         message = "\n".join([
             f"property {last['property']!r} failed for kernel {last['kernel']!r}",
             f"problem: {last['problem']}",
+            *([f"the kernel raised {last['cause']}"] if "cause" in last else []),
             f"the worker {worker} running it died ({str(error).strip().splitlines()[-1] if error else ''});"
             " xdist replaced it and the campaign went on",
             "replay this property on this problem alone:",

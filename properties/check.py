@@ -19,7 +19,7 @@ import pytest
 import torch
 from flashprop.kernels.registry import Kernel
 from flashprop.properties import timebox
-from flashprop.properties.campaign import current_shard
+from flashprop.properties.campaign import current_shard, end_worker
 from flashprop.properties.diagnosis import diagnose
 from flashprop.properties.problem import KernelInputs, Problem
 from flashprop.properties.report import REPLAY_HEADER, TALLIES, begin, expect, noting, record
@@ -56,8 +56,9 @@ class KernelRefused(Exception):
     """The kernel raised a clear error (ValueError, TypeError, NotImplementedError)."""
 
 
-#: Kernels that broke the CUDA context: name -> the failure that did it. The context is the
-#: process's, so once it is broken every later GPU test of any kernel is skipped, saying why.
+#: Kernels that broke the CUDA context: name -> the failure report of the problem that did it.
+#: The context is the process's, so once it is broken every later GPU test of any kernel is
+#: skipped, saying why.
 BROKEN: dict[str, str] = {}
 
 _CUDA_FATAL = (
@@ -174,11 +175,15 @@ def run_kernel(
         text = f"{type(err).__name__}: {err}"
         message = failure(kernel, problem, prop, [f"the kernel raised {text}"], backward=backward)
         if any(s in str(err) for s in _CUDA_FATAL):
-            # A dead CUDA context cannot be shrunk or rerun: stop Hypothesis (pytest.fail is a
-            # BaseException it does not catch) and report this problem once, as it is.
-            BROKEN[kernel.name] = f"{prop}: {text.splitlines()[0]}"
+            # A dead CUDA context cannot run anything again. A campaign worker ends itself, its
+            # problem noted with the cause: xdist starts a fresh worker (a fresh context) for
+            # the rest. A lone process reports this problem once, as it is: the shrinking
+            # Hypothesis still does fails at once (run_property) and does not overwrite it.
+            if noting():
+                end_worker(text.splitlines()[0])
+            BROKEN[kernel.name] = message
             record(kernel.name, prop, "failed", 0.0, message)
-            pytest.fail("the CUDA context is broken, no shrinking possible\n" + message, pytrace=False)
+            pytest.fail("the CUDA context is broken; the problem that broke it:\n" + message, pytrace=False)
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         raise PropertyFailure(failure(kernel, problem, prop, ["declares returns_lse but returned only o"]))
@@ -297,10 +302,10 @@ def run_property(
     scales the profile's ``max_examples`` for expensive properties.
     """
     if BROKEN:
-        culprit, what = next(iter(BROKEN.items()))
+        message = next(iter(BROKEN.values()))
         pytest.skip(
-            f"the CUDA context is broken since kernel {culprit} failed in {what} (reported there); "
-            "test each kernel in its own process (ci/gpu_check.py does)"
+            f"the CUDA context is broken since {message.splitlines()[0]} (reported there); "
+            "run the campaign on xdist workers (-n), which replace a broken worker"
         )
     base = settings(settings.default, **OVERRIDES)
     n = max(1, round(base.max_examples * weight))
@@ -321,6 +326,9 @@ def run_property(
     @settings(base, max_examples=n)
     @given(problems)
     def examples(problem: Problem) -> None:
+        if kernel.name in BROKEN:  # shrinking after a broken context: nothing can run
+            pytest.fail("the CUDA context is broken; the problem that broke it:\n" + BROKEN[kernel.name],
+                        pytrace=False)
         tally = TALLIES[(kernel.name, prop)]
         if slot is not None and time.monotonic() > slot[0] and not tally.failed:
             timebox.note_cut()  # a property that found a failure shrinks it whatever the time

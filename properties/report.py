@@ -245,6 +245,22 @@ def noting() -> bool:
     return _current["path"] is not None
 
 
+def save_now() -> None:
+    """Save the tallies to the :func:`autosave` path now (a worker about to end itself)."""
+    if _autosave["path"]:
+        dump(_autosave["path"])
+
+
+def note_cause(cause: str) -> None:
+    """Add what went wrong to the noted example (a worker about to end itself)."""
+    path = _current["path"]
+    if path and os.path.exists(path):
+        with open(path) as f:
+            noted = json.load(f)
+        with open(path, "w") as f:
+            json.dump({**noted, "cause": cause}, f)
+
+
 def begin(kernel: str, prop: str, problem: str, replay: str) -> None:
     """Note the example about to run: kernel, property, problem and the command that replays it."""
     if _current["path"]:

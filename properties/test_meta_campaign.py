@@ -45,6 +45,17 @@ CRASHER = textwrap.dedent('''
         return blocked(q, k, v, causal=causal, scale=scale)
 ''')
 
+CONTEXT_BREAKER = textwrap.dedent('''
+    from flashprop.refimpl.blocked import attention as blocked
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        """ref-blocked, except that Nq > 4 with Nk > 4 raises what a lost CUDA context raises."""
+        if q.shape[2] > 4 and k.shape[2] > 4:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return blocked(q, k, v, causal=causal, scale=scale)
+''')
+
 WRONG_AT_17 = textwrap.dedent('''
     from flashprop.refimpl.blocked import attention as blocked
 
@@ -86,9 +97,13 @@ def test_workers_tallies_merge(tmp_path: Path):
     assert "ref-blocked  backward  15" in table and "ref-blocked  forward   20" in table, table
 
 
-def test_a_dead_worker_is_replaced_and_its_problem_reported(tmp_path: Path):
+@pytest.mark.parametrize("source, cause", [(CRASHER, None), (CONTEXT_BREAKER, "RuntimeError: CUDA error")],
+                         ids=["segfault", "broken-cuda-context"])
+def test_a_dead_worker_is_replaced_and_its_problem_reported(tmp_path: Path, source: str, cause: str | None):
+    """A worker that segfaults, or whose CUDA context breaks (it then ends itself), is replaced;
+    its problem is reported once, with the cause when there is one, and the campaign goes on."""
     kernel = tmp_path / "crasher.py"
-    kernel.write_text(CRASHER)
+    kernel.write_text(source)
     run = _pytest("properties/test_golden.py::test_forward_matches_golden",
                   "properties/test_robustness.py::test_single_token", "--kernel", f"{kernel}:attn",
                   "--hypothesis-profile", "ci", "-n", "2", "--max-worker-restart", "4")
@@ -96,6 +111,7 @@ def test_a_dead_worker_is_replaced_and_its_problem_reported(tmp_path: Path):
     assert run.returncode == 1, out
     table = run.stdout[run.stdout.index("examples per property"):]
     assert "died" in table and "--replay" in table, table
+    assert cause is None or f"the kernel raised {cause}" in table, table
     nq, nk = map(int, re.search(r"problem: Problem\(.*?nq=(\d+), nk=(\d+)", table).groups())
     assert nq > 4 and nk > 4, table  # the problem the worker died on
     rows = {line.split()[1]: line.split()[2:] for line in table.splitlines() if line.startswith(str(kernel))}
