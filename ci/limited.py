@@ -29,16 +29,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from flashprop.properties.campaign import child_pids
+
 REPEAT_SECONDS, KILL_SECONDS = 10.0, 30.0
-
-
-def children(pid: int) -> list[int]:
-    """The process ids of ``pid``'s children (Linux ``/proc``; none once it has ended)."""
-    try:
-        return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-                for child in (task / "children").read_text().split()]
-    except OSError:
-        return []
 
 
 def _signal(pids: list[int], signum: int) -> None:
@@ -61,7 +55,7 @@ def stop(proc: subprocess.Popen, limit: float, *, workers_first: bool = False) -
     kill_at = time.monotonic() + KILL_SECONDS
     first = True
     while (left := kill_at - time.monotonic()) > 0:
-        workers = children(proc.pid) if workers_first else []
+        workers = child_pids(proc.pid) if workers_first else []
         _signal(workers if first and workers else [*workers, proc.pid], signal.SIGINT)
         first = False
         try:
@@ -69,7 +63,7 @@ def stop(proc: subprocess.Popen, limit: float, *, workers_first: bool = False) -
             return 124
         except subprocess.TimeoutExpired:
             continue
-    _signal(children(proc.pid) if workers_first else [], signal.SIGKILL)
+    _signal(child_pids(proc.pid) if workers_first else [], signal.SIGKILL)
     proc.kill()
     proc.wait()
     return 137

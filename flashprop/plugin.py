@@ -153,14 +153,23 @@ def _device(config: pytest.Config) -> str:
     return dev
 
 
-@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _interrupt)  # a CI timeout ends the run as Ctrl-C does: with the table
+        # a CI timeout ends the run as Ctrl-C does: with the table; an xdist controller passes
+        # the first interrupt on to its workers, so that their tallies reach the table
+        if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+            from flashprop.properties.campaign import WorkersFirst
+
+            handler = WorkersFirst()
+            signal.signal(signal.SIGINT, handler)
+            signal.signal(signal.SIGTERM, handler)
+        else:
+            signal.signal(signal.SIGTERM, _interrupt)
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
     if _device(config) == "cpu":

@@ -20,11 +20,14 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import random
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -88,6 +91,42 @@ def configure_worker(workerinput: dict, device: str) -> None:
         tally, current = _files(folder, worker)
         autosave(str(tally))
         note_current(str(current))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The process ids of ``pid``'s children (Linux ``/proc``; none once it has ended)."""
+    try:
+        return [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+    except OSError:
+        return []
+
+
+class WorkersFirst:
+    """An xdist controller's SIGINT and SIGTERM handler. The first signal goes on to the workers
+    alone: each ends its test and hands its tallies over, and the controller, left running,
+    merges them and prints the table. Signals in the next ``GRACE`` seconds are ignored (the
+    interrupted workers' shutdown sends the controller one); a later one interrupts the
+    controller too. Interrupted together, the controller would stop before the workers' tallies
+    reached it."""
+
+    GRACE = 10.0
+
+    def __init__(self) -> None:
+        self.forwarded_at: float | None = None
+
+    def __call__(self, signum: int, frame) -> None:
+        if self.forwarded_at is None:
+            workers = child_pids(os.getpid())
+            if workers:
+                self.forwarded_at = time.monotonic()
+                for pid in workers:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGINT)
+                return
+        elif time.monotonic() - self.forwarded_at < self.GRACE:
+            return
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
 def end_worker(cause: str) -> NoReturn:
