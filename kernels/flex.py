@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, Limit
-from flashprop.kernels.validate import check_variants, check_varlen
+from flashprop.kernels.validate import INT32_ELEMENTS, check_elements, check_variants, check_varlen
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
@@ -119,7 +119,12 @@ def _score_mod(
     return modified
 
 
-def _check(q: torch.Tensor, v: torch.Tensor) -> None:
+#: What compiled FlexAttention did past 2^31 elements on the H200 (torch 2.11; the huge-rows
+#: property, 2026-11-30, docs/scale.md): the adapter declares ``max_elements`` and refuses more.
+PAST_INT32 = "compiled FlexAttention hit an illegal memory access at N=2^27+1, D=16 (q of 2^31 + 16 elements)"
+
+
+def _check(q: torch.Tensor, v: torch.Tensor, k: torch.Tensor) -> None:
     if q.device.type != "cuda":
         raise NotImplementedError("the flex adapter runs compiled FlexAttention on CUDA only")
     caps = attention.capabilities
@@ -131,6 +136,8 @@ def _check(q: torch.Tensor, v: torch.Tensor) -> None:
         raise NotImplementedError(
             f"flex adapter: head dims D={q.shape[-1]}, Dv={v.shape[-1]} not in {sorted(caps.head_dims)}"
         )
+    check_elements("flex adapter", INT32_ELEMENTS, PAST_INT32, q.numel() // q.shape[-1] * v.shape[-1],
+                   q=q, k=k, v=v)
 
 
 def _flex(
@@ -207,7 +214,7 @@ def attention(
     alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlexAttention ``(o, lse)``, bottom-right causal, with window, softcap and ALiBi."""
-    _check(q, v)
+    _check(q, v, k)
     return _dense(
         q, k, v, causal=causal, scale=scale, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes,
@@ -313,7 +320,7 @@ def varlen(
     alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv), lse (Hq, Tq)."""
-    _check(q, v)
+    _check(q, v, k)
     return _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
@@ -353,6 +360,7 @@ attention.capabilities = Capabilities(
     dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
     head_dims=frozenset({16, 32, 64, 128, 256}),
     devices=frozenset({"cuda"}),
+    max_elements=INT32_ELEMENTS,
     fp32_matmul="tf32",
     limits=(GQA_CAUSAL_NO_CHOICES, MASKED_DV256_SHARED_MEMORY),
     window=True,

@@ -49,7 +49,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
-from flashprop.kernels.validate import check_decode, check_variants, check_varlen
+from flashprop.kernels.validate import (
+    check_decode,
+    check_variants,
+    check_varlen,
+)
 from flashprop.refimpl.masks import visible_mask
 from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -65,6 +65,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.kernels.capabilities import Capabilities, Limit
+from flashprop.kernels.validate import INT32_ELEMENTS, check_elements
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -583,7 +584,7 @@ _AUTOTUNE_MIN_SCORES: int = 512 * 512
 #: key that the kernels do not otherwise use). With one key per head dim the first problem seen
 #: (in the benchmark grid: N = 512) picked the tiles for every N, and the causal forward at
 #: N = 2k ran at 0.96-0.98x SDPA flash on the H200; with this key (and heaviest-first causal
-#: tiles) 1.07-1.23x (ci/results/2026-11-29-h200-s9).
+#: tiles) 1.07-1.23x (docs/results/runs/2026-11-29-h200-s9).
 _LONG_SEQUENCE: int = 2048
 
 
@@ -788,6 +789,12 @@ TILED_PASSES: tuple[str, ...] = ("fwd", "bwd_dkdv", "bwd_dq")
 _BF16_INTERPRETER_REASON = (
     "Triton interpreter computes tl.dot on bf16 bit patterns (triton issue 11584)"
 )
+#: The huge-rows property on the H200 (2026-11-30, docs/scale.md): an illegal memory access at
+#: Nq = 2^27 + 1, Nk = 1, D = 16 (16 x 16 tiles): the in-tile row offsets (row * stride) are
+#: 32-bit. Until they are 64-bit, tensors past 2^31 elements are refused (``max_elements``).
+_PAST_INT32_REASON = ("an illegal memory access at Nq = 2^27 + 1, D = 16 on the H200: the kernel's "
+                      "row offsets are 32-bit")
+
 _SMEM_REASON = (
     f"explicit block_m/block_n whose tiles exceed the {_SMEM_BUDGET // 1024} KiB shared-memory "
     "budget on a GPU (the estimate in kernels.triton_attention._smem_bytes)"
@@ -839,6 +846,8 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
         raise ValueError(f"scale must be finite, got {scale}")
     if q.device.type == "cuda" and b * hq > _MAX_GRID_Y:
         raise NotImplementedError(f"batch * heads = {b * hq} exceeds the grid limit {_MAX_GRID_Y}")
+    if q.device.type == "cuda":
+        check_elements("triton kernel", INT32_ELEMENTS, _PAST_INT32_REASON, b * hq * nq * dv, q=q, k=k, v=v)
 
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if tile is not None and tile not in TILE_SIZES:
@@ -1043,7 +1052,7 @@ def _capabilities() -> Capabilities:
     )
     devices = frozenset({"cuda"}) if torch.cuda.is_available() else frozenset()
     return Capabilities(dtypes=frozenset(_ALL_DTYPES), devices=devices, block_m=TILE_SIZES,
-                        block_n=TILE_SIZES, fp32_matmul="ieee",
+                        block_n=TILE_SIZES, fp32_matmul="ieee", max_elements=INT32_ELEMENTS,
                         limits=(bf16_on_cpu, tiles_too_big, grid_y))
 
 

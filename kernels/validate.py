@@ -24,6 +24,27 @@ from dataclasses import dataclass
 
 import torch
 
+#: The most elements a 32-bit offset reaches. A kernel whose offsets are 32-bit declares
+#: ``max_elements=INT32_ELEMENTS`` and refuses larger tensors with :func:`check_elements`.
+INT32_ELEMENTS = 2**31 - 1
+
+
+def extent(t: torch.Tensor) -> int:
+    """The elements a tensor spans in its storage, first to last: 1 + sum((n_i - 1) * stride_i)
+    (its ``numel`` when contiguous; more for a strided view)."""
+    if t.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
+
+
+def check_elements(who: str, limit: int, why: str, output_elements: int, **tensors: torch.Tensor) -> None:
+    """``NotImplementedError`` naming the tensor when one of ``tensors`` spans, or the output
+    holds (``output_elements``), more than ``limit`` elements; ``why`` says what breaks there."""
+    sizes = {name: extent(t) for name, t in tensors.items()} | {"the output": output_elements}
+    for name, size in sizes.items():
+        if size > limit:
+            raise NotImplementedError(f"{who}: {name} spans {size} elements, more than {limit}: {why}")
+
 
 def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)

@@ -211,3 +211,19 @@ def test_scale_error_contract_catches_wrong_answers(refuse: bool):
         settings.load_profile("flashprop-meta-scale-saved")
         for key in [key for key in TALLIES if key[0] == name]:
             del TALLIES[key]
+
+
+def test_extent_and_check_elements():
+    """A view's extent is first to last element of its storage; check_elements refuses a tensor,
+    or an output, past the limit and names it."""
+    from flashprop.kernels.validate import check_elements, extent
+
+    t = torch.empty(2, 3, 4, 5)
+    assert extent(t) == t.numel() == extent(t.transpose(1, 2))
+    assert extent(t[:, :, ::2]) == 1 + 1 * 60 + 2 * 20 + 1 * 10 + 4 * 1  # rows 0 and 2 of 4
+    assert extent(t[:, :, :0]) == 0
+    check_elements("k", 120, "why", 120, q=t)
+    with pytest.raises(NotImplementedError, match="q spans 120 elements, more than 119: why"):
+        check_elements("k", 119, "why", 1, q=t)
+    with pytest.raises(NotImplementedError, match="the output spans 121"):
+        check_elements("k", 120, "why", 121, q=t)
