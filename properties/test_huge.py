@@ -223,8 +223,10 @@ def huge_check(prop: str, *, declared: bool = True):
             with exclusive_device(p.device):
                 verdict = run_huge(kernel, p, prop, declared=declared)
         except OutOfDeviceMemory as err:
-            pytest.skip(f"{prop}: out of device memory at {p.describe()} (planned "
-                        f"{huge_bytes(p) / 2**30:.0f} GiB): {err}; the examples before it ran")
+            shape = f"B={p.b}, Hq={p.hq}, Hkv={p.hkv}, Nq={p.nq}, Nk={p.nk}, D={p.d}, Dv={p.dv}, {p.dtype}"
+            pytest.skip(f"{prop}: out of device memory at {shape} (planned "
+                        f"{huge_bytes(p) / 2**30:.0f} GiB): {str(err).splitlines()[0]}; "
+                        "the examples before it ran")
         if verdict.refused:
             return "refused"
         if verdict.details:
