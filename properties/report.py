@@ -20,7 +20,7 @@ OUTCOMES = ("passed", "refused", "failed")
 #: The line of a failure report after which comes the command that replays it alone
 #: (written by properties.check.failure, read by ci/replay_failures.py).
 REPLAY_HEADER = "replay this property on this problem alone:"
-#: The table's columns (the first six are what scripts read: ci/fuzz_state.py, ci/gpu-check).
+#: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
 
 

@@ -103,7 +103,7 @@ def device_free_bytes(device: str) -> int:
 @contextlib.contextmanager
 def exclusive_device(device: str) -> Iterator[None]:
     """Hold this GPU's scale lock (an ``flock`` in the temp dir, one per GPU by UUID) while a
-    huge example runs: ``ci/gpu-check`` runs a process per kernel and file at once, and two
+    huge example runs: ``ci/gpu_check.py`` runs xdist workers (and kernels) at once, and two
     40 GiB examples on one GPU would both run out of memory. Returns the cached memory to the
     device before releasing it. No-op on the CPU."""
     if device != "cuda":

@@ -16,7 +16,7 @@
 - scale-error-contract: a kernel that declares ``max_elements`` refuses, with a clear error,
   problems and views past it, or answers them correctly.
 
-A huge example holds its GPU alone (a lock per GPU shared by the processes of ``ci/gpu-check``)
+A huge example holds its GPU alone (a lock per GPU shared by the xdist workers of ``ci/gpu_check.py``)
 and skips, saying so, when the GPU has not the memory (or runs out of it).
 """
 
