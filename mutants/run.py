@@ -230,7 +230,7 @@ def summary(outcomes: list[Outcome], total: float, baseline: float | None) -> li
     lines = [f"caught {len(caught)} of {len(outcomes)} mutants; total runtime {total:.0f} s ({where})"]
     if times:
         lines.append(
-            f"median time to catch {statistics.median(times):.1f} s after collection "
+            f"median time to catch {statistics.median(times):.1f} s of the mutant's own tests "
             f"(max {max(times):.1f} s)"
         )
     survivors = [o for o in outcomes if not o.caught]
