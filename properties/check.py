@@ -314,7 +314,7 @@ def run_property(
         replay_prop, replay_problem = REPLAY
         if prop != replay_prop:
             pytest.skip(f"--replay runs property {replay_prop!r} only")
-        problems, n, shard = st.just(replay_problem), 1, None
+        problems, n = st.just(replay_problem), 1
         base = settings(base, database=None, phases=[Phase.generate])
     elif shard is not None:  # --shards: this shard's share, drawn from its seed (campaign.running)
         n = shard.share(prop, n)

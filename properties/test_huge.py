@@ -84,6 +84,15 @@ class Verdict:
     refused: bool = False
     details: list[str] | None = None
 
+    def outcome(self, kernel: Kernel, p: Problem, prop: str, inputs: str) -> str | None:
+        """What a property check returns: ``"refused"``, ``None`` for a pass; a difference raises
+        :class:`PropertyFailure` with the repro that rebuilds the tensors by ``inputs``."""
+        if self.refused:
+            return "refused"
+        if self.details:
+            raise PropertyFailure(scale_failure(kernel, p, prop, self.details, inputs))
+        return None
+
 
 def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inputs: str) -> str:
     """A failure report for a huge or spread problem: the report of
@@ -227,12 +236,8 @@ def huge_check(prop: str, *, declared: bool = True):
             pytest.skip(f"{prop}: out of device memory at {shape} (planned "
                         f"{huge_bytes(p) / 2**30:.0f} GiB): {str(err).splitlines()[0]}; "
                         "the examples before it ran")
-        if verdict.refused:
-            return "refused"
-        if verdict.details:
-            inputs = f"huge_inputs(p, {kernel.capabilities.causal_alignment!r}, requires_grad=True)"
-            raise PropertyFailure(scale_failure(kernel, p, prop, verdict.details, inputs))
-        return None
+        inputs = f"huge_inputs(p, {kernel.capabilities.causal_alignment!r}, requires_grad=True)"
+        return verdict.outcome(kernel, p, prop, inputs)
 
     return check
 
@@ -298,12 +303,8 @@ def spread_check(prop: str, *, declared: bool = True):
     def check(kernel: Kernel, p: Problem) -> str | None:
         with exclusive_device(p.device):
             verdict = run_spread(kernel, p, prop, declared=declared)
-        if verdict.refused:
-            return "refused"
-        if verdict.details:
-            inputs = f"spread_inputs(p, requires_grad={kernel.capabilities.backward})"
-            raise PropertyFailure(scale_failure(kernel, p, prop, verdict.details, inputs))
-        return None
+        inputs = f"spread_inputs(p, requires_grad={kernel.capabilities.backward})"
+        return verdict.outcome(kernel, p, prop, inputs)
 
     return check
 
