@@ -50,7 +50,9 @@ import torch
 import torch.nn.functional as F
 from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
 from flashprop.kernels.validate import (
+    INT32_ELEMENTS,
     check_decode,
+    check_elements,
     check_variants,
     check_varlen,
 )
@@ -274,6 +276,9 @@ def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Calla
             raise NotImplementedError(f"SDPA {backend.name} does not run on {call.q.device.type}")
         if call.q.dtype not in caps.dtypes:
             raise TypeError(f"SDPA {backend.name} does not take {call.q.dtype}")
+        if caps.max_elements is not None:
+            check_elements(f"SDPA {backend.name}", caps.max_elements, PAST_INT32[backend.name],
+                           call.q, call.k, call.v)
         try:
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(
@@ -505,6 +510,20 @@ EFFICIENT_BF16_STEEP_ALIBI = Limit(
     raises=False,
 )
 
+#: What each CUDA backend did past 2^31 elements on the H200 (torch 2.11, CUDA 13; the huge and
+#: spread properties of ``properties/test_huge.py``, 2026-11-30, docs/scale.md): the adapters
+#: declare ``max_elements`` (2^31 - 1) and refuse larger tensors, or strided views spanning
+#: more, naming the finding.
+PAST_INT32 = {
+    "FLASH_ATTENTION": "SDPA flash hit an illegal memory access at B=32769, N=4096, D=16 (q of "
+    "2^31 + 2^16 elements); its offsets are not 64-bit there",
+    "EFFICIENT_ATTENTION": "SDPA efficient failed with 'CUDA error: invalid argument' at "
+    "H=131073, N=256, D=64",
+    "CUDNN_ATTENTION": "SDPA cuDNN returned wrong gradients (dq, dk 100x past the tolerance) for "
+    "the slice past element 2^31, of dense tensors and of strided views alike, and a zero "
+    "output row at N=2^27+1, D=16",
+}
+
 sdpa_flash = _make(
     "sdpa_flash",
     SDPBackend.FLASH_ATTENTION,
@@ -516,6 +535,7 @@ sdpa_flash = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
+        max_elements=INT32_ELEMENTS,
         limits=(FLASH_MISALIGNED_VIEWS, _dispatcher_limit("flash", "can_use_flash_attention", _PLAIN_CALLS)),
         variant_backward=frozenset(),
     ),
@@ -530,6 +550,7 @@ sdpa_efficient = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
+        max_elements=INT32_ELEMENTS,
         limits=(
             EFFICIENT_MISALIGNED_VIEWS,
             EFFICIENT_BF16_STEEP_ALIBI,
@@ -549,6 +570,7 @@ sdpa_cudnn = _make(
         returns_lse=False,
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
+        max_elements=INT32_ELEMENTS,
         limits=(
             CUDNN_MISALIGNED_VIEWS,
             CUDNN_MASKED_EMPTY_ROWS,

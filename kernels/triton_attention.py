@@ -847,7 +847,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
     if q.device.type == "cuda" and b * hq > _MAX_GRID_Y:
         raise NotImplementedError(f"batch * heads = {b * hq} exceeds the grid limit {_MAX_GRID_Y}")
     if q.device.type == "cuda":
-        check_elements("triton kernel", INT32_ELEMENTS, _PAST_INT32_REASON, b * hq * nq * dv, q=q, k=k, v=v)
+        check_elements("triton kernel", INT32_ELEMENTS, _PAST_INT32_REASON, q, k, v)
 
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if tile is not None and tile not in TILE_SIZES:

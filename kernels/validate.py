@@ -37,10 +37,12 @@ def extent(t: torch.Tensor) -> int:
     return 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True))
 
 
-def check_elements(who: str, limit: int, why: str, output_elements: int, **tensors: torch.Tensor) -> None:
-    """``NotImplementedError`` naming the tensor when one of ``tensors`` spans, or the output
-    holds (``output_elements``), more than ``limit`` elements; ``why`` says what breaks there."""
-    sizes = {name: extent(t) for name, t in tensors.items()} | {"the output": output_elements}
+def check_elements(who: str, limit: int, why: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """``NotImplementedError`` naming the tensor when q, k or v spans, or the output (q's
+    shape with v's head dim) holds, more than ``limit`` elements; ``why`` says what breaks there.
+    Dense (B, H, N, D) and packed (T, H, D) layouts alike."""
+    output = q.numel() // q.shape[-1] * v.shape[-1] if q.numel() else 0
+    sizes = {"q": extent(q), "k": extent(k), "v": extent(v), "the output": output}
     for name, size in sizes.items():
         if size > limit:
             raise NotImplementedError(f"{who}: {name} spans {size} elements, more than {limit}: {why}")

@@ -222,8 +222,10 @@ def test_extent_and_check_elements():
     assert extent(t) == t.numel() == extent(t.transpose(1, 2))
     assert extent(t[:, :, ::2]) == 1 + 1 * 60 + 2 * 20 + 1 * 10 + 4 * 1  # rows 0 and 2 of 4
     assert extent(t[:, :, :0]) == 0
-    check_elements("k", 120, "why", 120, q=t)
+    check_elements("k", 120, "why", t, t, t)
     with pytest.raises(NotImplementedError, match="q spans 120 elements, more than 119: why"):
-        check_elements("k", 119, "why", 1, q=t)
-    with pytest.raises(NotImplementedError, match="the output spans 121"):
-        check_elements("k", 120, "why", 121, q=t)
+        check_elements("k", 119, "why", t, t, t)
+    q, v = torch.empty(1, 1, 2, 1), torch.empty(1, 1, 1, 4)  # the output (1, 1, 2, 4) holds 8
+    check_elements("k", 8, "why", q, v, v)
+    with pytest.raises(NotImplementedError, match="the output spans 8 elements, more than 7"):
+        check_elements("k", 7, "why", q, v, v)
