@@ -153,10 +153,6 @@ def _device(config: pytest.Config) -> str:
     return dev
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
@@ -169,7 +165,10 @@ def pytest_configure(config: pytest.Config) -> None:
             signal.signal(signal.SIGINT, handler)
             signal.signal(signal.SIGTERM, handler)
         else:
-            signal.signal(signal.SIGTERM, _interrupt)
+            from flashprop.properties.campaign import interrupt
+
+            signal.signal(signal.SIGINT, interrupt)
+            signal.signal(signal.SIGTERM, interrupt)
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
     if _device(config) == "cpu":
@@ -380,6 +379,14 @@ def sizes(request: pytest.FixtureRequest, device: str):
     from flashprop.properties.strategies import device_sizes
 
     return device_sizes(device, request.config.getoption("--max-n"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A signal that asked the run to stop, and whose KeyboardInterrupt was lost, stops it here."""
+    from flashprop.properties.campaign import stop_if_asked
+
+    stop_if_asked()
 
 
 @pytest.hookimpl(wrapper=True)

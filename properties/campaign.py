@@ -102,6 +102,26 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+#: The signals that asked this process to stop (see :func:`interrupt`).
+STOP_SIGNALS: list[int] = []
+
+
+def interrupt(signum: int, frame) -> NoReturn:
+    """SIGINT and SIGTERM handler of a lone run or an xdist worker: stop as Ctrl-C does, with the
+    table. The request sticks: Python runs a signal handler at its next bytecode, and when that
+    is inside a finalizer the garbage collector called (a ``__del__``, a weakref callback), the
+    KeyboardInterrupt is printed as ignored and lost, and the run would go on to its last
+    example. :func:`stop_if_asked` raises it again at the next example and the next test."""
+    STOP_SIGNALS.append(signum)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_if_asked() -> None:
+    """Raise KeyboardInterrupt when a signal has asked this process to stop (:func:`interrupt`)."""
+    if STOP_SIGNALS:
+        raise KeyboardInterrupt(f"signal {STOP_SIGNALS[0]}")
+
+
 class WorkersFirst:
     """An xdist controller's SIGINT and SIGTERM handler. The first signal goes on to the workers
     alone: each ends its test and hands its tallies over, and the controller, left running,
@@ -126,7 +146,7 @@ class WorkersFirst:
                 return
         elif time.monotonic() - self.forwarded_at < self.GRACE:
             return
-        raise KeyboardInterrupt(f"signal {signum}")
+        interrupt(signum, frame)
 
 
 def end_worker(cause: str) -> NoReturn:

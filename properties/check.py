@@ -19,7 +19,7 @@ import pytest
 import torch
 from flashprop.kernels.registry import Kernel
 from flashprop.properties import timebox
-from flashprop.properties.campaign import current_shard, end_worker
+from flashprop.properties.campaign import current_shard, end_worker, stop_if_asked
 from flashprop.properties.diagnosis import diagnose
 from flashprop.properties.problem import KernelInputs, Problem
 from flashprop.properties.report import REPLAY_HEADER, TALLIES, begin, expect, noting, record
@@ -326,6 +326,7 @@ def run_property(
     @settings(base, max_examples=n)
     @given(problems)
     def examples(problem: Problem) -> None:
+        stop_if_asked()
         if kernel.name in BROKEN:  # shrinking after a broken context: nothing can run
             pytest.fail("the CUDA context is broken; the problem that broke it:\n" + BROKEN[kernel.name],
                         pytrace=False)

@@ -81,5 +81,45 @@ def test_sigterm_ends_the_run_with_its_table(tmp_path: Path):
     while not tally.exists() and time.monotonic() < deadline:  # saved at forward's first example
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert "examples per property" in out and "ref-blocked  forward" in out, out
+
+
+LOST_SIGNAL = textwrap.dedent("""
+    import os
+    import signal
+
+    from flashprop import Capabilities
+    from flashprop.refimpl.blocked import attention
+
+
+    class Finalized:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(3):  # the handler runs here, inside the finalizer: its exception is lost
+                pass
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        Finalized()
+        return attention(q, k, v, causal=causal, scale=scale)
+
+
+    attn.capabilities = Capabilities(backward=False, devices=frozenset({"cpu"}))
+""")
+
+
+def test_a_signal_lost_in_a_finalizer_still_stops_the_run(tmp_path: Path):
+    """A SIGTERM whose handler runs inside a finalizer (here: at the kernel's first call) loses
+    its KeyboardInterrupt; the run stops at the next example all the same, with its table."""
+    (tmp_path / "lost.py").write_text(LOST_SIGNAL)
+    cmd = [part for part in RUN if part not in ("--kernel", "ref-blocked")]
+    run = subprocess.run([*cmd, "--kernel", f"{tmp_path}/lost.py:attn", "--max-examples", "200",
+                          "properties/test_golden.py::test_forward_matches_golden"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout + run.stderr
+    row = next(line for line in run.stdout.splitlines() if "lost.py:attn  forward" in line)
+    assert row.split()[2] == "1", run.stdout  # run: the example that lost the signal, no other
