@@ -24,7 +24,7 @@ Phases, in this order, those that ``--phases`` / ``FLASHPROP_GPU_PHASES`` names
 
 Each failure of the property and fuzz phases is replayed alone in fresh processes
 (``ci/replay_failures.py``): reproducible or flaky. A pytest run that reaches its time limit is
-interrupted as Ctrl-C would (``ci/limited.py``, the xdist workers first), so it still prints the
+interrupted as Ctrl-C would (``ci/limited.py``; its xdist workers wind down), so it still prints the
 table of the examples it ran, which the report counts; its phase fails.
 
 OUTDIR gets at most 8 files: ``report.md`` (the phases with exit codes and seconds, the merged

@@ -182,7 +182,7 @@ def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
         out.write(f"=== {run.phase}: {shlex.join(command)}\n")
         out.flush()
         proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        code = limited.stop(proc, limit, workers_first=cfg.jobs > 1)
+        code = limited.stop(proc, limit)
         run.exit = 0 if code == 5 else code  # 5: every collected test deselected (meta-tests only)
         run.seconds = time.monotonic() - start
         out.write(f"=== exit {run.exit} after {run.seconds:.0f} s\n")

@@ -14,10 +14,9 @@ Exit status: the command's own if it ends in time, 124 if the limit was reached 
 timeout(1)), 137 if it had to be killed. SIGTERM sent to this script goes to the command;
 SIGINT does not (Ctrl-C in a terminal reaches the command itself).
 
-A pytest-xdist controller is stopped workers first (:func:`stop` with ``workers_first``): the
-first interrupt goes to its child processes only, so that each worker ends its test and hands
-its tallies to the controller, which is interrupted with the next ones and prints the merged
-table. Interrupted together, the controller would stop before the workers' tallies reached it.
+A pytest-xdist controller passes the first interrupt on to its workers, which wind down and hand
+their tallies over (``properties/campaign.py``); the interrupts after it reach workers stuck in
+an example. The kill reaches the command's children (the workers) too.
 """
 
 from __future__ import annotations
@@ -43,27 +42,22 @@ def _signal(pids: list[int], signum: int) -> None:
             pass
 
 
-def stop(proc: subprocess.Popen, limit: float, *, workers_first: bool = False) -> int:
+def stop(proc: subprocess.Popen, limit: float) -> int:
     """Wait up to ``limit`` seconds for ``proc``, then interrupt it, again and again, and kill it
-    at last; the exit status as described above. ``workers_first``: the first interrupt goes to
-    ``proc``'s children alone (pytest-xdist's workers), the next ones to them and ``proc``; the
-    kill to both."""
+    and its children at last; the exit status as described above."""
     try:
         return proc.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         pass
     kill_at = time.monotonic() + KILL_SECONDS
-    first = True
     while (left := kill_at - time.monotonic()) > 0:
-        workers = child_pids(proc.pid) if workers_first else []
-        _signal(workers if first and workers else [*workers, proc.pid], signal.SIGINT)
-        first = False
+        _signal([proc.pid], signal.SIGINT)
         try:
             proc.wait(timeout=min(REPEAT_SECONDS, left))
             return 124
         except subprocess.TimeoutExpired:
             continue
-    _signal(child_pids(proc.pid) if workers_first else [], signal.SIGKILL)
+    _signal(child_pids(proc.pid), signal.SIGKILL)
     proc.kill()
     proc.wait()
     return 137

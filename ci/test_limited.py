@@ -1,5 +1,6 @@
 """ci/limited.py on a child that swallows interrupts: the repeated SIGINT stops one that
-swallows the first (exit 124, like timeout), SIGKILL one that swallows them all (137)."""
+swallows the first (exit 124, like timeout), SIGKILL one that swallows them all (137), and its
+children with it."""
 
 from __future__ import annotations
 
@@ -44,19 +45,26 @@ def test_a_command_that_ends_in_time_keeps_its_status():
     assert limited.stop(subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]), 10.0) == 3
 
 
-WORKER = "import time\\ntry:\\n    time.sleep(60)\\nexcept KeyboardInterrupt:\\n    raise SystemExit(3)"
+STUBBORN = "import signal, time\\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\\ntime.sleep(60)"
 PARENT = f"""
-import subprocess, sys
-child = subprocess.Popen([sys.executable, "-c", "{WORKER}"])
-print("worker exit", child.wait(), flush=True)
+import signal, subprocess, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "{STUBBORN}"])
+print(child.pid, flush=True)
+child.wait()
 """
 
 
-def test_workers_first_interrupts_the_children_before_the_parent(tmp_path: Path):
-    """As with a pytest-xdist controller: the child ends on the first interrupt and the parent,
-    not interrupted yet, goes on to report it."""
+def test_the_kill_reaches_the_children(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """As with a pytest-xdist controller whose workers are stuck: a parent and a child that both
+    ignore SIGINT are killed together, leaving no orphan."""
+    monkeypatch.setattr(limited, "REPEAT_SECONDS", 0.5)
+    monkeypatch.setattr(limited, "KILL_SECONDS", 1.0)
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert limited.stop(proc, 2.0, workers_first=True) == 124
-    assert proc.stdout.read().strip() == "worker exit 3"
+    child = int(proc.stdout.readline())
+    assert limited.stop(proc, 1.0) == 137
+    time.sleep(0.2)
+    state = Path(f"/proc/{child}/stat")
+    assert not state.exists() or state.read_text().split()[2] == "Z", "the child outlived the kill"

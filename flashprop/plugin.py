@@ -157,18 +157,17 @@ def _device(config: pytest.Config) -> str:
 def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         # a CI timeout ends the run as Ctrl-C does: with the table; an xdist controller passes
-        # the first interrupt on to its workers, so that their tallies reach the table
-        if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
-            from flashprop.properties.campaign import WorkersFirst
+        # the first interrupt on to its workers, which wind down and hand their tallies over
+        from flashprop.properties.campaign import WorkersFirst, interrupt, wind_down
 
+        if getattr(config, "workerinput", None) is not None:
+            handler = wind_down
+        elif config.getoption("numprocesses", None):
             handler = WorkersFirst()
-            signal.signal(signal.SIGINT, handler)
-            signal.signal(signal.SIGTERM, handler)
         else:
-            from flashprop.properties.campaign import interrupt
-
-            signal.signal(signal.SIGINT, interrupt)
-            signal.signal(signal.SIGTERM, interrupt)
+            handler = interrupt
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
     if _device(config) == "cpu":
@@ -233,7 +232,11 @@ def pytest_testnodedown(node, error) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    from flashprop.properties.campaign import STOP_SIGNALS
+
     worker_output = getattr(session.config, "workeroutput", None)
+    if worker_output is None and STOP_SIGNALS:  # a controller whose workers wound down
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
     if worker_output is not None:
         from flashprop.properties import compile_locks
         from flashprop.properties.report import rows
@@ -438,6 +441,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         config.option.tbstyle = "no"  # pytest's summary leaves out the tracebacks now in the file
     result = yield
     from flashprop.properties import compile_locks, report, timebox
+    from flashprop.properties.campaign import stopped_line
 
     if config.getoption("--tally-json"):
         report.dump(config.getoption("--tally-json"))
@@ -454,6 +458,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             terminalreporter.write_line(line)
         if timebox.summary():
             terminalreporter.write_line(f"flashprop: {timebox.summary()}")
+        if stopped_line():
+            terminalreporter.write_line(f"flashprop: {stopped_line()}")
     failures = report.failure_lines()
     if failures:
         terminalreporter.section("flashprop: failures by cause (the smallest problem of each, shrunk)")

@@ -43,6 +43,8 @@ from flashprop.properties.report import autosave, merge_rows, note_cause, note_c
 _FOLDER = "flashprop_campaign_dir"
 #: The first shard's seed, chosen by the controller and handed to its workers.
 _SEED_BASE = "flashprop_seed_base"
+#: The signal that asked the campaign to stop, handed to workers started after it.
+_STOP = "flashprop_stop_signal"
 _BASE_KEY = pytest.StashKey[int]()
 #: Workers whose tallies were merged (xdist reports an interrupted worker down twice).
 _COLLECTED: set[str] = set()
@@ -70,6 +72,8 @@ def configure_node(node) -> None:
         folder = configure_node.folder = tempfile.mkdtemp(prefix="flashprop-workers-")
         atexit.register(shutil.rmtree, folder, ignore_errors=True)
     node.workerinput[_FOLDER] = folder
+    if STOP_SIGNALS:
+        node.workerinput[_STOP] = STOP_SIGNALS[0]
     if node.config.getoption("--shards") > 1:
         node.workerinput[_SEED_BASE] = seed_base(node.config)
 
@@ -86,6 +90,9 @@ def configure_worker(workerinput: dict, device: str) -> None:
 
         if torch.cuda.is_available():
             torch.cuda.set_device(int(worker.removeprefix("gw") or 0) % torch.cuda.device_count())
+    if _STOP in workerinput:  # started after the campaign was asked to stop
+        _WINDING["at"] = time.monotonic()
+        STOP_SIGNALS.append(workerinput[_STOP])
     folder = workerinput.get(_FOLDER)
     if folder:
         tally, current = _files(folder, worker)
@@ -102,35 +109,69 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
-#: The signals that asked this process to stop (see :func:`interrupt`).
+#: The signals that asked this process to stop (a lone run, a worker) or its workers to (a
+#: controller): see :func:`interrupt`, :func:`wind_down` and :class:`WorkersFirst`.
 STOP_SIGNALS: list[int] = []
+#: When this process (an xdist worker) began to wind down on a signal (see :func:`wind_down`).
+_WINDING: dict[str, float | None] = {"at": None}
+#: Seconds after a stop signal during which more signals are the same request: GNU timeout
+#: signals the controller and its whole process group, and the controller forwards its own.
+GRACE = 10.0
 
 
 def interrupt(signum: int, frame) -> NoReturn:
-    """SIGINT and SIGTERM handler of a lone run or an xdist worker: stop as Ctrl-C does, with the
-    table. The request sticks: Python runs a signal handler at its next bytecode, and when that
-    is inside a finalizer the garbage collector called (a ``__del__``, a weakref callback), the
-    KeyboardInterrupt is printed as ignored and lost, and the run would go on to its last
-    example. :func:`stop_if_asked` raises it again at the next example and the next test."""
+    """SIGINT and SIGTERM handler of a lone run: stop as Ctrl-C does, with the table. The request
+    sticks: Python runs a signal handler at its next bytecode, and when that is inside a finalizer
+    the garbage collector called (a ``__del__``, a weakref callback), the KeyboardInterrupt is
+    printed as ignored and lost, and the run would go on to its last example.
+    :func:`stop_if_asked` raises it again at the next example and the next test."""
     STOP_SIGNALS.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def stop_if_asked() -> None:
-    """Raise KeyboardInterrupt when a signal has asked this process to stop (:func:`interrupt`)."""
-    if STOP_SIGNALS:
+def wind_down(signum: int, frame) -> None:
+    """SIGINT and SIGTERM handler of an xdist worker. The first signal winds the worker down:
+    the running property stops at its next example and the tests left skip (:func:`stop_if_asked`),
+    so the worker ends as usual and hands its tallies over. (A worker ended by KeyboardInterrupt
+    is replaced by xdist, and its replacement runs its tests anew: a run stopped by a CI timeout
+    would start over.) Signals in the next :data:`GRACE` seconds are the same request; a later
+    one interrupts the worker (an example that does not end)."""
+    now = time.monotonic()
+    if _WINDING["at"] is None:
+        _WINDING["at"] = now
+        STOP_SIGNALS.append(signum)
+    elif now - _WINDING["at"] >= GRACE:
+        interrupt(signum, frame)
+
+
+def stop_if_asked(examples: int | None = None) -> None:
+    """At an example's start (``examples``: how many its property ran) or a test's: stop when a
+    signal asked to. A lone run raises KeyboardInterrupt; a winding-down worker skips, its
+    examples kept in the table."""
+    if not STOP_SIGNALS:
+        return
+    if _WINDING["at"] is None:
         raise KeyboardInterrupt(f"signal {STOP_SIGNALS[0]}")
+    ran = "" if examples is None else f" after {examples} example{'s' * (examples != 1)} (in the table)"
+    pytest.skip(f"stopped by signal {STOP_SIGNALS[0]}{ran}")
+
+
+def stopped_line() -> str | None:
+    """The summary's line when a signal stopped the run, else ``None``."""
+    if not STOP_SIGNALS:
+        return None
+    return (f"stopped by signal {STOP_SIGNALS[0]}: each property ended at its running example; "
+            "the table holds every example run")
 
 
 class WorkersFirst:
     """An xdist controller's SIGINT and SIGTERM handler. The first signal goes on to the workers
-    alone: each ends its test and hands its tallies over, and the controller, left running,
-    merges them and prints the table. Signals in the next ``GRACE`` seconds are ignored (the
-    interrupted workers' shutdown sends the controller one); a later one interrupts the
-    controller too. Interrupted together, the controller would stop before the workers' tallies
-    reached it."""
-
-    GRACE = 10.0
+    alone: each winds down (:func:`wind_down`) and hands its tallies over, and the controller,
+    left running, merges them, prints the table and ends with pytest's status for an interrupted
+    run (2). A worker xdist starts after it (replacing one that died) winds down at once
+    (:func:`configure_node`). Signals in the next :data:`GRACE` seconds are ignored; a later
+    one interrupts the workers and the controller. Interrupted together, the controller would stop
+    before the workers' tallies reached it."""
 
     def __init__(self) -> None:
         self.forwarded_at: float | None = None
@@ -140,13 +181,19 @@ class WorkersFirst:
             workers = child_pids(os.getpid())
             if workers:
                 self.forwarded_at = time.monotonic()
-                for pid in workers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGINT)
+                STOP_SIGNALS.append(signum)  # workers xdist starts from now on wind down at once
+                _signal_all(workers)
                 return
-        elif time.monotonic() - self.forwarded_at < self.GRACE:
+        elif time.monotonic() - self.forwarded_at < GRACE:
             return
+        _signal_all(child_pids(os.getpid()))  # their second signal: workers stuck in an example
         interrupt(signum, frame)
+
+
+def _signal_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGINT)
 
 
 def end_worker(cause: str) -> NoReturn:

@@ -326,11 +326,11 @@ def run_property(
     @settings(base, max_examples=n)
     @given(problems)
     def examples(problem: Problem) -> None:
-        stop_if_asked()
         if kernel.name in BROKEN:  # shrinking after a broken context: nothing can run
             pytest.fail("the CUDA context is broken; the problem that broke it:\n" + BROKEN[kernel.name],
                         pytrace=False)
         tally = TALLIES[(kernel.name, prop)]
+        stop_if_asked(tally.run)
         if slot is not None and time.monotonic() > slot[0] and not tally.failed:
             timebox.note_cut()  # a property that found a failure shrinks it whatever the time
             pytest.skip(f"time box: {prop}'s share ({slot[1]:.0f} s) was spent after {tally.run} "

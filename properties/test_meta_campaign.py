@@ -7,7 +7,9 @@
 - two runs sharing a Redis example database (a real ``redis-server``, started and stopped here):
   the failure the first run found is the second run's first example;
 - ``--shards``: the shards of a property draw from consecutive seeds, different problems, and
-  their examples add up to the property's; a worker reported down twice is merged once.
+  their examples add up to the property's; a worker reported down twice is merged once;
+- a stop signal (Ctrl-C or GNU timeout to the process group, a CI runner's SIGTERM to pytest)
+  winds the workers down: the run ends soon with its table and pytest's interrupted status.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -80,6 +83,24 @@ RECORDER = textwrap.dedent('''
         with open(os.environ["FLASHPROP_RECORD"], "a") as f:
             f.write(json.dumps([current_shard().seed, list(q.shape), list(k.shape), causal,
                                 q.flatten()[:1].tolist()]) + "\\n")
+        return blocked(q, k, v, causal=causal, scale=scale)
+''')
+
+
+AT_WORK = textwrap.dedent('''
+    import os
+    from pathlib import Path
+
+    from flashprop.refimpl.blocked import attention as blocked
+
+
+    CALLS = [0]
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        CALLS[0] += 1
+        if CALLS[0] == 3:  # the first examples are done (the first call is the registry's probe)
+            Path(os.environ["FLASHPROP_MARK"], str(os.getpid())).touch()
         return blocked(q, k, v, causal=causal, scale=scale)
 ''')
 
@@ -233,3 +254,39 @@ def test_an_interrupted_worker_reported_down_twice_is_merged_once(monkeypatch: p
     campaign.collect_node(node, None)
     campaign.collect_node(node, "keyboard-interrupt")
     assert report.TALLIES[("k", "forward")].passed == 5 and report.TALLIES[("k", "forward")].failed == 0
+
+
+@pytest.mark.parametrize("to_group, signum", [(True, signal.SIGINT), (False, signal.SIGTERM)],
+                         ids=["sigint-to-the-group", "sigterm-to-the-controller"])
+def test_a_stop_signal_winds_the_workers_down(tmp_path: Path, to_group: bool, signum: int):
+    """Once both workers run examples, one signal (to the whole process group, as Ctrl-C and
+    GNU timeout send it, or to the controller alone): the run ends soon, each property stopped
+    at its running example with its examples in the table, and the exit status is pytest's
+    for an interrupted run. (Workers ended by KeyboardInterrupt were replaced by xdist and ran
+    their tests again from the start.)"""
+    (tmp_path / "kernel.py").write_text(AT_WORK)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu",
+           "properties/test_golden.py", "--kernel", f"{tmp_path / 'kernel.py'}:attn",
+           "--hypothesis-profile", "fuzz", "--max-examples", "100000", "-n", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=dict(os.environ, FLASHPROP_MARK=str(marks)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(marks.iterdir())) < 2 and time.monotonic() < deadline:  # both workers at work
+            time.sleep(0.2)
+        if to_group:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert f"stopped by signal {int(signum)}: each property ended at its running example" in out, out
+    table = out[out.index("examples per property"):]
+    rows = [line.split() for line in table.splitlines() if line.startswith(f"{tmp_path}")]
+    assert {r[1] for r in rows} == {"forward", "backward"}, table
+    assert all(r[2].isdigit() and 0 < int(r[2]) < int(r[7]) for r in rows), table  # run, asked
