@@ -8,10 +8,11 @@ runs the whole pipeline down to a cubin with the ptxas that ships in the Triton 
 needed. Compiled here: the four unspecialised kernels (explicit and fixed tiles) for an even head
 dim (64), a masked wide one (200) and a narrow one (17 / 16), with the launch options the kernel
 itself would use for 64 x 64 tiles, the forward also reading through TMA descriptors where the
-rows are 16-byte multiples; the three passes in fp32 at d = 64 (IEEE dots, the slowest to
-build); and the first autotuning config of each tuned kernel at d = 128
-(the forward with and without TMA) specialised as Triton's launcher would for a contiguous
-problem (unit strides constant, the rest multiples of 16). Also checks that the forward's
+rows are 16-byte multiples; the three passes with 64-bit row offsets (``WIDE_ROWS``) at d = 64;
+the three passes in fp32 at d = 64 (IEEE dots, the slowest to build); and the first
+autotuning config of each tuned kernel at d = 128 (the forward with and without TMA)
+specialised as Triton's launcher would for a contiguous problem (unit strides constant, the
+rest multiples of 16). Also checks that the forward's
 autotuner ignores TRITON_CACHE_AUTOTUNING and that every autotuning key names a parameter.
 Prints shared memory per kernel; exits 1 on the first failure.
 
@@ -136,10 +137,15 @@ def main() -> int:
             label = f"fwd d={d} dv={dv} 64x64 TMA, unspecialised"
             cases.append((label, passes["fwd"].plain, {**compile_meta(d, dv, tma=True), **tiles}, options,
                           False, "bf16"))
-        pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE")}
+        pre = {k: meta[k] for k in ("EVEN_DV", "BLOCK_DV", "ACC_DTYPE", "WIDE_ROWS")}
         pre["BLOCK_M"] = ta.PREPROCESS_BLOCK_M
         cases.append((f"bwd_preprocess dv={dv}", ta.PASSES["bwd_preprocess"].plain, pre,
                       {"num_warps": 4, "num_stages": 1}, False, "bf16"))
+    # 64-bit row offsets (tensors spanning more than 2^31 elements): each pass once
+    options = ta.explicit_launch_options(64, 64, 64, 64, DTYPE.itemsize)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 64x64 WIDE_ROWS, unspecialised", p.plain,
+                      {**compile_meta(64, 64), **tiles, "WIDE_ROWS": True}, options, False, "bf16"))
     # fp32: IEEE dots unrolled into multiply-adds, the slowest variants to compile
     options = ta.explicit_launch_options(64, 64, 64, 64, torch.float32.itemsize)
     for name, p in passes.items():

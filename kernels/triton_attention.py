@@ -34,7 +34,7 @@ Conventions (the flashprop kernel contract, DESIGN.md):
   fp64 inputs); o has the input dtype.
 
 Stages of this file:
-  1. tile helpers (masked loads and stores)
+  1. tile helpers (masked loads and stores; 32- or 64-bit row addressing, ``WIDE_ROWS``)
   2. forward kernel
   3. backward preprocess: Delta and the base-2 lse used by the backward
   4. backward dK/dV kernel (one program per key tile and kv head)
@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.kernels.capabilities import Capabilities, Limit
-from flashprop.kernels.validate import INT32_ELEMENTS, check_elements
+from flashprop.kernels.validate import INT32_ELEMENTS, check_elements, extent
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -111,8 +111,32 @@ LN2: float = math.log(2.0)
 
 
 @triton.jit
+def _wide_tile_ptrs(base, start, rows, cols, stride_r, stride_c):
+    """Pointers to ``base[rows, cols]`` of one (batch, head) slice, ``rows = start + arange``,
+    with 64-bit row offsets: the addressing of the pointer paths when ``WIDE_ROWS``.
+
+    Every kernel's ``base`` already holds the 64-bit (batch, head) offset; the offset within the
+    slice is ``rows * stride_r + cols * stride_c``. Without WIDE_ROWS (a launch whose tensors
+    span at most 2^31 - 1 elements, :func:`wide_rows`) :func:`_load_tile` and
+    :func:`_store_tile` compute it in 32 bits, the cheapest addressing. With WIDE_ROWS: ``base +
+    start * stride_r`` in 64 bits (a scalar per tile), plus each row's ``(rows - start) *
+    stride_r`` in 64 bits (loop-invariant, so a loop over tiles computes it once), plus each
+    element's ``cols * stride_c`` in 32 bits. Row offsets pass 2^31 in a long sequence (q of
+    2^27 + 1 rows of 16 elements does on its last row) and in a view whose row stride is itself
+    near 2^31, whose rows lie that far apart within one tile: there 32-bit offsets inside the
+    tile would wrap too. Column offsets stay 32-bit: they would wrap only in a layout whose
+    head-dim stride is 2^31 / (D - 1) or more (the head dim outermost in a tensor of more than
+    2^31 elements), which these kernels do not address correctly. The 64-bit offsets cost
+    registers (more spills in some tuned configurations), hence the compile-time choice."""
+    tile_base = base + tl.cast(start, tl.int64) * stride_r  # start: an int in the interpreter
+    row_ptrs = tile_base + tl.arange(0, rows.shape[0]).to(tl.int64) * stride_r
+    return row_ptrs[:, None] + (cols * stride_c)[None, :]
+
+
+@triton.jit
 def _load_tile(
     base,
+    start,
     rows,
     cols,
     stride_r,
@@ -121,12 +145,23 @@ def _load_tile(
     n_cols,
     EVEN_COLS: tl.constexpr,
     CHECK_ROWS: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
 ):
-    """Load ``base[rows, cols]``; entries with ``cols >= n_cols`` (padding of the head dim) or,
-    when CHECK_ROWS, ``rows >= n_rows`` are never read and come back as 0. EVEN_COLS states that
-    the tile is exactly ``n_cols`` wide (no column mask needed). The head dim is a runtime value,
-    so one compiled kernel serves every head dim that pads to the same tile width."""
-    ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    """Load ``base[rows, cols]``, ``rows = start + arange``; entries with ``cols >= n_cols``
+    (padding of the head dim) or, when CHECK_ROWS, ``rows >= n_rows`` are never read and come
+    back as 0. EVEN_COLS states that the tile is exactly ``n_cols`` wide (no column mask
+    needed). The head dim is a runtime value, so one compiled kernel serves every head dim that
+    pads to the same tile width. Offsets within the slice: 32-bit, or 64-bit row offsets when
+    WIDE_ROWS (:func:`_wide_tile_ptrs`).
+
+    The 32-bit form is written out here and in :func:`_store_tile`, not in a helper of its own:
+    one more level of inlined calls changes the line information ptxas reads, and with it the
+    machine code of some kernels (with Triton 3.6: the unspecialised D = 200 ones), which
+    WIDE_ROWS false keeps exactly as it was before the 64-bit form existed."""
+    if WIDE_ROWS:
+        ptrs = _wide_tile_ptrs(base, start, rows, cols, stride_r, stride_c)
+    else:
+        ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
     if CHECK_ROWS:
         tile = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
     elif not EVEN_COLS:
@@ -137,24 +172,32 @@ def _load_tile(
 
 
 @triton.jit
-def _store_tile(base, tile, rows, cols, stride_r, stride_c, n_rows, n_cols):
-    """Store ``tile`` to ``base[rows, cols]`` for ``rows < n_rows`` and ``cols < n_cols``."""
-    ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+def _store_tile(base, tile, start, rows, cols, stride_r, stride_c, n_rows, n_cols,
+                WIDE_ROWS: tl.constexpr):
+    """Store ``tile`` to ``base[rows, cols]``, ``rows = start + arange``, for ``rows < n_rows``
+    and ``cols < n_cols``; offsets as :func:`_load_tile` computes them."""
+    if WIDE_ROWS:
+        ptrs = _wide_tile_ptrs(base, start, rows, cols, stride_r, stride_c)
+    else:
+        ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     tl.store(ptrs, tile.to(base.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _load_rows(src, off_b, off_h, start, rows, cols, stride_r, stride_c, n_rows, n_cols,
-               EVEN_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr):
+               EVEN_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
+               WIDE_ROWS: tl.constexpr):
     """Rows ``rows`` (= ``start`` + arange) of one (batch, head) slice. TMA: ``src`` is a 4-D tensor
     descriptor (B, H, N, D) and the copy engine reads the box, rows and columns past the tensor
-    coming back as 0; otherwise ``src`` points at the slice and :func:`_load_tile` reads it."""
+    coming back as 0; otherwise ``src`` points at the slice and :func:`_load_tile` reads it
+    (32-bit offsets, or 64-bit row offsets when WIDE_ROWS)."""
     if TMA:
         box = src.load([off_b, off_h, start, 0])
         tile = box.reshape(rows.shape[0], cols.shape[0])
     else:
-        tile = _load_tile(src, rows, cols, stride_r, stride_c, n_rows, n_cols, EVEN_COLS, CHECK_ROWS)
+        tile = _load_tile(src, start, rows, cols, stride_r, stride_c, n_rows, n_cols, EVEN_COLS,
+                          CHECK_ROWS, WIDE_ROWS)
     return tile
 
 
@@ -201,6 +244,7 @@ def _fwd_inner(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
 ):
     """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
 
@@ -215,7 +259,7 @@ def _fwd_inner(
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, off_b, off_hkv, start_n, offs_n, offs_d, stride_kn, stride_kd,
-                       n_k, head_dim, EVEN_D, MASKED, TMA)
+                       n_k, head_dim, EVEN_D, MASKED, TMA, WIDE_ROWS)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = (offs_n < n_k)[None, :]
@@ -231,7 +275,7 @@ def _fwd_inner(
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,
-                       n_k, head_dim_v, EVEN_DV, MASKED, TMA)
+                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
                      out_dtype=acc.dtype)
         m_i = m_new
@@ -250,13 +294,15 @@ def _attn_fwd(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """o and lse for one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq).
 
     LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e), passed as fp64 so that
     fp64 runs are not rounded through fp32. TMA: Q, K, V, Out are 4-D tensor descriptors with
-    boxes (1, 1, rows, padded head dim) and the strides are unused; else they are pointers.
+    boxes (1, 1, rows, padded head dim) and the strides are unused; else they are pointers,
+    addressed with 64-bit row offsets when WIDE_ROWS (:func:`_wide_tile_ptrs`).
     """
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
@@ -279,7 +325,7 @@ def _attn_fwd(
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
     q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q,
-                   head_dim, EVEN_D, True, TMA)
+                   head_dim, EVEN_D, True, TMA, WIDE_ROWS)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
     m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
     l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
@@ -289,13 +335,13 @@ def _attn_fwd(
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
         off_hkv, offs_m, 0, full_hi, N_Q, N_K, scale2, head_dim, head_dim_v, EVEN_D, EVEN_DV,
-        BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION, TMA,
+        BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION, TMA, WIDE_ROWS,
     )
     # the diagonal and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
         off_hkv, offs_m, full_hi, hi, N_Q, N_K, scale2, head_dim, head_dim_v, EVEN_D, EVEN_DV,
-        BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION, TMA,
+        BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION, TMA, WIDE_ROWS,
     )
 
     # epilogue: rows that saw no key have l_i = 0 -> o = 0, lse = -inf
@@ -307,7 +353,8 @@ def _attn_fwd(
         Out.store([off_b, off_h, start_m, 0], o.to(Out.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))
     else:
         o_base = Out + off_b * stride_ob + off_h * stride_oh
-        _store_tile(o_base, o, offs_m, offs_dv, stride_om, stride_od, N_Q, head_dim_v)
+        _store_tile(o_base, o, start_m, offs_m, offs_dv, stride_om, stride_od, N_Q, head_dim_v,
+                    WIDE_ROWS)
     tl.store(LSE + off_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
 
 
@@ -324,13 +371,13 @@ def _attn_bwd_preprocess(
     stride_dlb, stride_dlh, stride_dlm,
     H_Q, N_Q,
     head_dim_v, EVEN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, ACC_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Delta = rowsum(dO * o) - dlse and lse2 = lse * log2(e), with lse2 = +inf on empty rows
     (lse = -inf) so that P = exp2(s - lse2) is 0 there rather than NaN.
 
-    LSE, DELTA, LSE2 are contiguous (B, Hq, Nq); DLSE is strided.
-    Grid: (cdiv(Nq, BLOCK_M), B*Hq).
+    LSE, DELTA, LSE2 are contiguous (B, Hq, Nq); DLSE is strided. WIDE_ROWS: 64-bit row
+    offsets into Out and DO (:func:`_wide_tile_ptrs`) and DLSE. Grid: (cdiv(Nq, BLOCK_M), B*Hq).
     """
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1)
@@ -340,12 +387,16 @@ def _attn_bwd_preprocess(
     offs_dv = tl.arange(0, BLOCK_DV)
     row_ok = offs_m < N_Q
 
-    o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh, offs_m, offs_dv,
-                   stride_om, stride_od, N_Q, head_dim_v, EVEN_DV, True)
-    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_dv,
-                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True)
-    dlse = tl.load(DLSE + off_b * stride_dlb + off_h * stride_dlh + offs_m * stride_dlm,
-                   mask=row_ok, other=0.0)
+    o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh, start_m, offs_m, offs_dv,
+                   stride_om, stride_od, N_Q, head_dim_v, EVEN_DV, True, WIDE_ROWS)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, start_m, offs_m, offs_dv,
+                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True, WIDE_ROWS)
+    dlse_ptrs = DLSE + off_b * stride_dlb + off_h * stride_dlh
+    if WIDE_ROWS:
+        dlse_ptrs = dlse_ptrs + offs_m.to(tl.int64) * stride_dlm
+    else:
+        dlse_ptrs = dlse_ptrs + offs_m * stride_dlm
+    dlse = tl.load(dlse_ptrs, mask=row_ok, other=0.0)
     delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1) - dlse.to(ACC_DTYPE)
 
     rows = off_bh.to(tl.int64) * N_Q + offs_m
@@ -369,7 +420,7 @@ def _bwd_dkdv_inner(
     offs_n, lo, hi, n_q, n_k, qk_scale,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr, PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi).
 
@@ -382,9 +433,10 @@ def _bwd_dkdv_inner(
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < n_q
-        q = _load_tile(q_base, offs_m, offs_d, stride_qm, stride_qd, n_q, head_dim, EVEN_D, True)
-        do = _load_tile(do_base, offs_m, offs_dv, stride_dom, stride_dod, n_q,
-                        head_dim_v, EVEN_DV, True)
+        q = _load_tile(q_base, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q, head_dim,
+                       EVEN_D, True, WIDE_ROWS)
+        do = _load_tile(do_base, start_m, offs_m, offs_dv, stride_dom, stride_dod, n_q,
+                        head_dim_v, EVEN_DV, True, WIDE_ROWS)
         lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=0.0)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
 
@@ -413,10 +465,11 @@ def _attn_bwd_dkdv(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
-    read it. Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
+    read it. WIDE_ROWS: 64-bit row offsets (:func:`_wide_tile_ptrs`).
+    Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
     start_n = tl.program_id(0) * BLOCK_N
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_KV).to(tl.int64)
@@ -426,10 +479,10 @@ def _attn_bwd_dkdv(
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
-    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh, offs_n, offs_d,
-                   stride_kn, stride_kd, N_K, head_dim, EVEN_D, True)
-    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh, offs_n, offs_dv,
-                   stride_vn, stride_vd, N_K, head_dim_v, EVEN_DV, True)
+    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh, start_n, offs_n, offs_d,
+                   stride_kn, stride_kd, N_K, head_dim, EVEN_D, True, WIDE_ROWS)
+    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh, start_n, offs_n, offs_dv,
+                   stride_vn, stride_vd, N_K, head_dim_v, EVEN_DV, True, WIDE_ROWS)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
 
@@ -455,19 +508,21 @@ def _attn_bwd_dkdv(
             stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, lo, masked_hi, N_Q, N_K, scale2,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M, True, PRECISION,
+            WIDE_ROWS,
         )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, full_lo, N_Q, N_Q, N_K, scale2,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M, False, PRECISION,
+            WIDE_ROWS,
         )
 
     dk = dk * tl.full([], sm_scale, ACC_DTYPE)
-    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh, dk, offs_n, offs_d,
-                stride_dkn, stride_dkd, N_K, head_dim)
-    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh, dv, offs_n, offs_dv,
-                stride_dvn, stride_dvd, N_K, head_dim_v)
+    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh, dk, start_n, offs_n, offs_d,
+                stride_dkn, stride_dkd, N_K, head_dim, WIDE_ROWS)
+    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh, dv, start_n, offs_n, offs_dv,
+                stride_dvn, stride_dvd, N_K, head_dim_v, WIDE_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -482,7 +537,7 @@ def _bwd_dq_inner(
     offs_m, lo, hi, n_q, n_k, qk_scale,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Accumulate dQ (unscaled) of one query tile over key tiles [lo, hi); MASKED tiles hide
     keys >= n_k and, when CAUSAL, keys right of the diagonal."""
@@ -490,10 +545,10 @@ def _bwd_dq_inner(
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        k = _load_tile(k_base, offs_n, offs_d, stride_kn, stride_kd, n_k,
-                       head_dim, EVEN_D, MASKED)
-        v = _load_tile(v_base, offs_n, offs_dv, stride_vn, stride_vd, n_k,
-                       head_dim_v, EVEN_DV, MASKED)
+        k = _load_tile(k_base, start_n, offs_n, offs_d, stride_kn, stride_kd, n_k,
+                       head_dim, EVEN_D, MASKED, WIDE_ROWS)
+        v = _load_tile(v_base, start_n, offs_n, offs_dv, stride_vn, stride_vd, n_k,
+                       head_dim_v, EVEN_DV, MASKED, WIDE_ROWS)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
             visible = (offs_n < n_k)[None, :]
@@ -520,9 +575,10 @@ def _attn_bwd_dq(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    SEQ_CLASS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dQ of one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
+    """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
+    (:func:`_wide_tile_ptrs`). Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
@@ -534,10 +590,10 @@ def _attn_bwd_dq(
     rows = off_bh.to(tl.int64) * N_Q + offs_m
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
 
-    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh, offs_m, offs_d,
-                   stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True)
-    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, offs_m, offs_dv,
-                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True)
+    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh, start_m, offs_m, offs_d,
+                   stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True, WIDE_ROWS)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, start_m, offs_m, offs_dv,
+                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True, WIDE_ROWS)
     lse2 = tl.load(LSE2 + rows, mask=offs_m < N_Q, other=0.0)
     delta = tl.load(DELTA + rows, mask=offs_m < N_Q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
@@ -549,15 +605,17 @@ def _attn_bwd_dq(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, 0, full_hi, N_Q, N_K, scale2,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
+        WIDE_ROWS,
     )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, full_hi, hi, N_Q, N_K, scale2,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
+        WIDE_ROWS,
     )
     dq = dq * tl.full([], sm_scale, ACC_DTYPE)
-    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh, dq, offs_m, offs_d,
-                stride_dqm, stride_dqd, N_Q, head_dim)
+    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh, dq, start_m, offs_m, offs_d,
+                stride_dqm, stride_dqd, N_Q, head_dim, WIDE_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -716,7 +774,13 @@ def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) ->
         # instead of each distinct D tuning (compiling and timing every config) again. The
         # dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
         # TMA (forward only: the backward kernels have no such argument, the key skips it).
-        key=["BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "SEQ_CLASS", "TMA"],
+        # WIDE_ROWS (64-bit row offsets, tensors past 2^31 elements) is keyed too, though the
+        # same tiles fit: its kernels spill differently (sm_90a, D = 128, the forward's
+        # 128x64 w4 loop: 39 local loads per pass, 7 with 32-bit offsets), so a tuning done on
+        # a huge problem must not choose the tiles of the ordinary problems of its key. Huge
+        # problems are rare; their extra tuning costs little.
+        key=["BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "SEQ_CLASS", "TMA",
+             "WIDE_ROWS"],
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
     if any(c.pre_hook for c in configs):
@@ -790,10 +854,14 @@ _BF16_INTERPRETER_REASON = (
     "Triton interpreter computes tl.dot on bf16 bit patterns (triton issue 11584)"
 )
 #: The huge-rows property on the H200 (2026-11-30, docs/scale.md): an illegal memory access at
-#: Nq = 2^27 + 1, Nk = 1, D = 16 (16 x 16 tiles): the in-tile row offsets (row * stride) are
-#: 32-bit. Until they are 64-bit, tensors past 2^31 elements are refused (``max_elements``).
-_PAST_INT32_REASON = ("an illegal memory access at Nq = 2^27 + 1, D = 16 on the H200: the kernel's "
-                      "row offsets are 32-bit")
+#: Nq = 2^27 + 1, Nk = 1, D = 16 (16 x 16 tiles): the in-tile row offsets (row * stride) were
+#: 32-bit. They are 64-bit now in launches whose tensors span more than 2^31 elements
+#: (``WIDE_ROWS``, :func:`wide_rows`), checked under the interpreter on views spanning past
+#: 2^31 (the spread properties, which crashed before it); on CUDA such tensors stay refused
+#: (``max_elements``) until the huge-tensor properties pass on the H200. Lifting it also needs a
+#: limit on column offsets, still 32-bit: a head-dim stride of 2^31 / (D - 1) or more.
+_PAST_INT32_REASON = ("not yet checked on a GPU past 2^31 elements: the H200 crashed at Nq = 2^27 + 1 "
+                      "with the 32-bit row offsets since replaced (WIDE_ROWS)")
 
 _SMEM_REASON = (
     f"explicit block_m/block_n whose tiles exceed the {_SMEM_BUDGET // 1024} KiB shared-memory "
@@ -877,7 +945,9 @@ def launch_meta(q: Tensor, v: Tensor, causal: bool) -> dict:
     queries like ``q`` and values like ``v`` (shapes and dtype only: meta tensors do): the head
     dims (runtime values) and the compile-time constants, among them the tile widths, which
     every head dim padding to the same width shares (one compilation for D = 65..128, not one
-    per D). The forward adds ``TMA``; the launch adds ``BLOCK_M`` and ``BLOCK_N``."""
+    per D). ``WIDE_ROWS`` is False (32-bit row offsets: what a launch whose tensors span at
+    most 2^31 - 1 elements compiles); each launch sets it from its own tensors with
+    :func:`wide_rows`. The forward adds ``TMA``; the launch adds ``BLOCK_M`` and ``BLOCK_N``."""
     d, dv = q.shape[-1], v.shape[-1]
     block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
     return {
@@ -887,7 +957,22 @@ def launch_meta(q: Tensor, v: Tensor, causal: bool) -> dict:
         "CAUSAL": bool(causal),
         "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "PRECISION": "ieee",
+        "WIDE_ROWS": False,
     }
+
+
+def wide_rows(*tensors: Tensor) -> bool:
+    """``WIDE_ROWS`` of a launch whose kernel addresses ``tensors`` through pointers (not TMA
+    descriptors): True when any of them spans more than 2^31 - 1 elements, its extent
+    ``1 + sum((size_i - 1) * |stride_i|)`` (:func:`~flashprop.kernels.validate.extent`).
+
+    The kernels add a 64-bit (batch, head) offset to the base pointer and, without WIDE_ROWS,
+    the offset within the slice, ``row * stride_r + col * stride_c``, in 32 bits. That offset is
+    at most the tensor's extent - 1 for every element read or written (rows and columns past
+    the tensor are masked), so a tensor of extent <= 2^31 - 1 needs no 64-bit offset; a larger
+    one (a long sequence, or a strided view whose rows lie far apart) gets the 64-bit row
+    offsets of :func:`_wide_tile_ptrs`, which cost registers in the tuned kernels."""
+    return any(extent(t) > INT32_ELEMENTS for t in tensors)
 
 
 #: What the last launch of each pass ran with: (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA,
@@ -945,7 +1030,8 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
     tensors = (q, k, v, o)
     strides = [t.stride() for t in tensors]
-    meta = {**launch_meta(q, v, causal), "TMA": _tma_ready(*tensors)}
+    tma = _tma_ready(*tensors)
+    meta = {**launch_meta(q, v, causal), "TMA": tma, "WIDE_ROWS": not tma and wide_rows(*tensors)}
     if meta["TMA"]:  # boxes sized here for explicit tiles, by _descriptor_boxes when tuned
         tensors = tuple(TensorDescriptor(t, list(t.shape), list(st), [1, 1, 16, 16])
                         for t, st in zip(tensors, strides, strict=True))
@@ -970,7 +1056,7 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
     preprocess[(triton.cdiv(nq, PREPROCESS_BLOCK_M), b * hq)](
         o, do, lse, dlse, delta, lse2, *o.stride(), *do.stride(), *dlse.stride(), hq, nq,
         head_dim_v=meta["head_dim_v"], EVEN_DV=meta["EVEN_DV"], BLOCK_DV=meta["BLOCK_DV"],
-        ACC_DTYPE=meta["ACC_DTYPE"],
+        ACC_DTYPE=meta["ACC_DTYPE"], WIDE_ROWS=wide_rows(o, do, dlse),
         BLOCK_M=PREPROCESS_BLOCK_M,
     )
 
@@ -981,11 +1067,11 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
     _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
              hkv, hq // hkv, nq, nk, scale * LOG2E, scale),
-            meta, tiles)
+            {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dk, dv)}, tiles)
     _launch("bwd_dq", lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
             (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
              hq, hq // hkv, nq, nk, scale * LOG2E, scale),
-            meta, tiles)
+            {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dq)}, tiles)
     return dq, dk, dv
 
 

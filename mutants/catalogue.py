@@ -580,11 +580,11 @@ MUTANTS: tuple[Mutant, ...] = (
         TRITON,
         "        l_i = l_i * alpha + tl.sum(p, 1)\n"
         "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
-        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA)\n"
+        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)\n"
         "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n"
         "                     out_dtype=acc.dtype)\n",
         "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
-        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA)\n"
+        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)\n"
         "        l_i = (l_i * alpha + tl.sum(p, 1)).to(v.dtype).to(l_i.dtype)\n"
         "        acc = tl.dot(p.to(v.dtype), v, (acc * alpha[:, None]).to(v.dtype),\n"
         "                     input_precision=PRECISION, out_dtype=v.dtype).to(acc.dtype)\n",
