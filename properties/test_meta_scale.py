@@ -6,7 +6,8 @@ strategies draw declared problems past 2^31 that fit their budget, along their a
 check itself, run on the CPU with the boundary moved down to element 3000, passes a correct
 kernel and catches one that loses what lies past the boundary, along every axis; the yardstick
 computed by blocks of rows is the plain yardstick; and the error contract at scale passes a
-kernel that refuses views past its ``max_elements`` and fails one that answers them wrongly.
+kernel that refuses views past its ``max_elements`` and fails one that answers them wrongly;
+the ``triton`` kernel takes its slower 64-bit row offsets only for tensors that need them.
 """
 
 from __future__ import annotations
@@ -229,3 +230,18 @@ def test_extent_and_check_elements():
     check_elements("k", 8, "why", q, v, v)
     with pytest.raises(NotImplementedError, match="the output spans 8 elements, more than 7"):
         check_elements("k", 7, "why", q, v, v)
+
+
+def test_triton_widens_row_offsets_only_past_int32():
+    """``WIDE_ROWS`` (64-bit row offsets, which cost the tuned kernels registers) for a tensor or
+    view spanning more than 2^31 - 1 elements only: not for ordinary tensors, transposed or
+    strided views of them, nor one row short of 2^31 elements (meta tensors: no memory)."""
+    from flashprop.kernels.triton_attention import wide_rows
+
+    q = torch.empty(2, 4, 128, 64)
+    assert not wide_rows(q, q.transpose(1, 2), q[:, :, ::2])
+    assert not wide_rows(torch.empty(1, 1, 2**27 - 1, 16, device="meta"))
+    assert wide_rows(q, torch.empty(1, 1, 2**27 + 1, 16, device="meta"))
+    rows_apart = torch.empty(BOUNDARY + 64, dtype=torch.float16, device="meta").as_strided(
+        (1, 1, 45, 72), (0, 0, BOUNDARY // 44, 1))  # a spread-rows q: one slice, rows 2^31 / 44 apart
+    assert wide_rows(q, rows_apart)
