@@ -99,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     gpus = [g for g in ns.gpus.split(",") if g] or [str(i) for i in range(max(ns.workers))]
     if ns.device == "cuda" and len(gpus) < max(ns.workers):
         print(f"campaign-scaling: note: {max(ns.workers)} workers share {len(gpus)} GPUs", file=sys.stderr)
-    log = Path(ns.log or tempfile.mkstemp(prefix="campaign-scaling-", suffix=".log")[1])
+    if ns.log is None:
+        handle, ns.log = tempfile.mkstemp(prefix="campaign-scaling-", suffix=".log")
+        os.close(handle)
+    log = Path(ns.log)
     env = dict(os.environ, OMP_NUM_THREADS="1")
 
     def env_for(workers: int) -> dict[str, str]:

@@ -21,7 +21,6 @@ an example. The kill reaches the command's children (the workers) too.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -29,17 +28,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from flashprop.properties.campaign import child_pids
+from flashprop.properties.campaign import child_pids, signal_pids
 
 REPEAT_SECONDS, KILL_SECONDS = 10.0, 30.0
-
-
-def _signal(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:  # ended meanwhile
-            pass
 
 
 def stop(proc: subprocess.Popen, limit: float) -> int:
@@ -51,13 +42,13 @@ def stop(proc: subprocess.Popen, limit: float) -> int:
         pass
     kill_at = time.monotonic() + KILL_SECONDS
     while (left := kill_at - time.monotonic()) > 0:
-        _signal([proc.pid], signal.SIGINT)
+        proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=min(REPEAT_SECONDS, left))
             return 124
         except subprocess.TimeoutExpired:
             continue
-    _signal(child_pids(proc.pid), signal.SIGKILL)
+    signal_pids(child_pids(proc.pid), signal.SIGKILL)
     proc.kill()
     proc.wait()
     return 137

@@ -109,6 +109,13 @@ def child_pids(pid: int) -> list[int]:
         return []
 
 
+def signal_pids(pids: list[int], signum: int) -> None:
+    """Send ``signum`` to each of ``pids``; one that has ended meanwhile is skipped."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
 #: The signals that asked this process to stop (a lone run, a worker) or its workers to (a
 #: controller): see :func:`interrupt`, :func:`wind_down` and :class:`WorkersFirst`.
 STOP_SIGNALS: list[int] = []
@@ -182,18 +189,14 @@ class WorkersFirst:
             if workers:
                 self.forwarded_at = time.monotonic()
                 STOP_SIGNALS.append(signum)  # workers xdist starts from now on wind down at once
-                _signal_all(workers)
+                signal_pids(workers, signal.SIGINT)
                 return
         elif time.monotonic() - self.forwarded_at < GRACE:
             return
-        _signal_all(child_pids(os.getpid()))  # their second signal: workers stuck in an example
+        signal_pids(child_pids(os.getpid()), signal.SIGINT)  # their second: workers stuck in an example
         interrupt(signum, frame)
 
 
-def _signal_all(pids: list[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGINT)
 
 
 def end_worker(cause: str) -> NoReturn:
