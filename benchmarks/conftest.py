@@ -137,6 +137,15 @@ def anchor_names(config: pytest.Config, device: str) -> tuple[str, ...]:
     return parse_names(bench_option(config, "--bench-anchors"), BENCH_ANCHORS[device])
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A benchmark run started from inside a pytest-xdist worker (a test of ``flashprop bench``
+    or of the GPU driver in a parallel run) inherits ``PYTEST_XDIST_WORKER``, from which
+    pytest-benchmark concludes that it runs under xdist and disables itself: this process is no
+    xdist worker unless xdist made it one. (pytest-benchmark's own configure runs last.)"""
+    if not hasattr(config, "workerinput"):
+        os.environ.pop("PYTEST_XDIST_WORKER", None)
+
+
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
     """With ``--bench-report DIR``, write the markdown table and the plot next to the JSON."""
     folder = bench_option(config, "--bench-report")

@@ -92,9 +92,8 @@ def bench(ns: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="flashprop-bench-") as tmp:
         results = ns.json or os.path.join(tmp, "bench.json")
         out = ns.out or tmp
-        # benchmarks time one process: no xdist; pytest-benchmark disables itself when it sees
-        # xdist, even only an xdist worker's environment (bench called inside a parallel run)
-        os.environ.pop("PYTEST_XDIST_WORKER", None)
+        # benchmarks time one process: no xdist (an inherited xdist worker's environment is
+        # dropped by the benchmarks' conftest)
         args = [*files, "-q", "-rs", "-p", "no:xdist", f"--benchmark-json={results}", "--bench-report", out]
         for option, value in (("--device", ns.device), ("--bench-kernels", ns.bench_kernels),
                               ("--bench-subset", ns.bench_subset)):
