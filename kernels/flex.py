@@ -124,7 +124,7 @@ def _score_mod(
 PAST_INT32 = "compiled FlexAttention hit an illegal memory access at N=2^27+1, D=16 (q of 2^31 + 16 elements)"
 
 
-def _check(q: torch.Tensor, v: torch.Tensor, k: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     if q.device.type != "cuda":
         raise NotImplementedError("the flex adapter runs compiled FlexAttention on CUDA only")
     caps = attention.capabilities
@@ -213,7 +213,7 @@ def attention(
     alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlexAttention ``(o, lse)``, bottom-right causal, with window, softcap and ALiBi."""
-    _check(q, v, k)
+    _check(q, k, v)
     return _dense(
         q, k, v, causal=causal, scale=scale, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes,
@@ -319,7 +319,7 @@ def varlen(
     alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv), lse (Hq, Tq)."""
-    _check(q, v, k)
+    _check(q, k, v)
     return _varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
         window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
