@@ -65,7 +65,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.kernels.capabilities import Capabilities, Limit
-from flashprop.kernels.validate import INT32_ELEMENTS, check_elements, extent
+from flashprop.kernels.validate import INT32_ELEMENTS, extent
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -856,12 +856,11 @@ _BF16_INTERPRETER_REASON = (
 #: The huge-rows property on the H200 (2026-11-30, docs/scale.md): an illegal memory access at
 #: Nq = 2^27 + 1, Nk = 1, D = 16 (16 x 16 tiles): the in-tile row offsets (row * stride) were
 #: 32-bit. They are 64-bit now in launches whose tensors span more than 2^31 elements
-#: (``WIDE_ROWS``, :func:`wide_rows`), checked under the interpreter on views spanning past
-#: 2^31 (the spread properties, which crashed before it); on CUDA such tensors stay refused
-#: (``max_elements``) until the huge-tensor properties pass on the H200. Lifting it also needs a
-#: limit on column offsets, still 32-bit: a head-dim stride of 2^31 / (D - 1) or more.
-_PAST_INT32_REASON = ("not yet checked on a GPU past 2^31 elements: the H200 crashed at Nq = 2^27 + 1 "
-                      "with the 32-bit row offsets since replaced (WIDE_ROWS)")
+#: (``WIDE_ROWS``, :func:`wide_rows`). Column offsets stay 32-bit: a tensor whose head-dim
+#: stride reaches 2^31 / (D - 1) (the head dim outermost in a tensor of more than 2^31 elements)
+#: is refused (:func:`_check_columns`).
+_WIDE_COLUMNS_REASON = ("column offsets (head-dim index * head-dim stride) are 32-bit in these kernels; "
+                        "make the head dim the innermost axis (stride 1)")
 
 _SMEM_REASON = (
     f"explicit block_m/block_n whose tiles exceed the {_SMEM_BUDGET // 1024} KiB shared-memory "
@@ -914,13 +913,22 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
         raise ValueError(f"scale must be finite, got {scale}")
     if q.device.type == "cuda" and b * hq > _MAX_GRID_Y:
         raise NotImplementedError(f"batch * heads = {b * hq} exceeds the grid limit {_MAX_GRID_Y}")
-    if q.device.type == "cuda":
-        check_elements("triton kernel", INT32_ELEMENTS, _PAST_INT32_REASON, q, k, v)
+    _check_columns(q, k, v)
 
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if tile is not None and tile not in TILE_SIZES:
             raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
     return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
+
+
+def _check_columns(*tensors: Tensor) -> None:
+    """Refuse, with NotImplementedError, a tensor whose last element's head-dim offset
+    ``(D - 1) * stride(-1)`` passes 2^31 - 1: the kernels add it in 32 bits."""
+    for name, t in zip("qkv", tensors):
+        span = (t.shape[-1] - 1) * abs(t.stride(-1))
+        if span > INT32_ELEMENTS:
+            raise NotImplementedError(f"{name}: head-dim stride {t.stride(-1)} x (D - 1) = {span} "
+                                      f"> 2^31 - 1: {_WIDE_COLUMNS_REASON}")
 
 
 def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
@@ -1138,7 +1146,7 @@ def _capabilities() -> Capabilities:
     )
     devices = frozenset({"cuda"}) if torch.cuda.is_available() else frozenset()
     return Capabilities(dtypes=frozenset(_ALL_DTYPES), devices=devices, block_m=TILE_SIZES,
-                        block_n=TILE_SIZES, fp32_matmul="ieee", max_elements=INT32_ELEMENTS,
+                        block_n=TILE_SIZES, fp32_matmul="ieee",
                         limits=(bf16_on_cpu, tiles_too_big, grid_y))
 
 

@@ -12,7 +12,7 @@ import functools
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -32,7 +32,7 @@ from flashprop.refimpl.layouts import (
     varlen_golden_backward,
     varlen_yardstick,
 )
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
@@ -294,12 +294,15 @@ def run_property(
     check: Callable[[Kernel, Problem], str | None],
     *,
     weight: float = 1.0,
+    explicit: Sequence[Problem] = (),
 ) -> None:
     """Drive ``check`` with Hypothesis over ``problems``; tally each example.
 
     ``check`` returns ``"refused"`` when the kernel clearly refused an undeclared problem
     (error-contract properties), else ``None`` for a pass; it raises on failure. ``weight``
-    scales the profile's ``max_examples`` for expensive properties.
+    scales the profile's ``max_examples`` for expensive properties. ``explicit``: problems run
+    first, whatever is drawn after (Hypothesis's explicit examples; not in a replay, and under
+    ``--shards`` by shard 0 alone).
     """
     if BROKEN:
         message = next(iter(BROKEN.values()))
@@ -314,17 +317,18 @@ def run_property(
         replay_prop, replay_problem = REPLAY
         if prop != replay_prop:
             pytest.skip(f"--replay runs property {replay_prop!r} only")
-        problems, n = st.just(replay_problem), 1
+        problems, n, explicit = st.just(replay_problem), 1, ()
         base = settings(base, database=None, phases=[Phase.generate])
     elif shard is not None:  # --shards: this shard's share, drawn from its seed (campaign.running)
         n = shard.share(prop, n)
         base = settings(base, derandomize=False)
+        explicit = explicit if shard.index == 0 else ()
+    if Phase.explicit not in base.phases:
+        explicit = ()
 
     slot = timebox.share()
-    expect(kernel.name, prop, n)
+    expect(kernel.name, prop, n + len(explicit))
 
-    @settings(base, max_examples=n)
-    @given(problems)
     def examples(problem: Problem) -> None:
         if kernel.name in BROKEN:  # shrinking after a broken context: nothing can run
             pytest.fail("the CUDA context is broken; the problem that broke it:\n" + BROKEN[kernel.name],
@@ -345,4 +349,6 @@ def run_property(
             raise
         record(kernel.name, prop, outcome, time.perf_counter() - start)
 
-    examples()
+    for problem in reversed(explicit):
+        examples = example(problem)(examples)
+    settings(base, max_examples=n)(given(problems)(examples))()

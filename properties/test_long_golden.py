@@ -1,6 +1,7 @@
 """Long sequences against the float64 golden: N from 8k to 128k on a GPU, 1k to 2k on the CPU.
 
-Causal or not, Nq != Nk, GQA, head dims 64 and 128, the kernel's default tiles. The golden runs
+Causal or not, Nq != Nk, GQA, head dims 64 and 128, the kernel's default tiles; the far end of
+the range (N = 128k on a GPU, 2k on the CPU) always runs first (:func:`far_end`). The golden runs
 on the device and streams over key chunks (:mod:`properties.long_references`: its chunk shrinks
 so that a float64 (B, Hq, Nq, chunk) block stays within 2 GiB); on a GPU the most memory it
 holds at once is measured and must stay far below the N x N score matrix it never builds
@@ -20,6 +21,7 @@ import os
 
 import pytest
 import torch
+from flashprop.kernels.capabilities import Capabilities
 from flashprop.kernels.registry import Kernel
 from flashprop.properties.check import PropertyFailure, failure, run_kernel, run_property
 from flashprop.properties.long_references import golden_chunk, golden_on_device, judge_long, yardstick_rows
@@ -106,6 +108,36 @@ def judge_example(kernel: Kernel, p: Problem, max_scores: int) -> tuple[bool, li
     return ok, details
 
 
+#: The dtype the far-end problems take, the first one the kernel declares (float32 first on the
+#: CPU: the CPU's 16-bit matmuls are slow).
+FAR_END_DTYPES = {"cuda": (torch.bfloat16, torch.float16, torch.float32),
+                  "cpu": (torch.float32, torch.float16, torch.bfloat16)}
+
+
+def far_end(caps: Capabilities, device: str) -> list[Problem]:
+    """The far end of the device's range, run before the drawn problems (which start, as every
+    Hypothesis run does, at the simplest one: Nq = Nk = the shortest N): Nq = Nk = the longest
+    N with a GQA group of 2, and Nq about a quarter of Nk with four query heads on one kv head
+    (neither a multiple of a tile: the bottom-right diagonal lies off the tile grid); causal
+    where declared, the larger head dim whose work fits the device's budget. Those ``caps``
+    does not declare are left out."""
+    limits = LONG[device]
+    hi = limits["n"][1]
+    dtype = next((t for t in FAR_END_DTYPES[device] if t in caps.dtypes), None)
+    group = 2 if caps.gqa else 1
+    shapes = ((hi, hi, group, 1), (hi // 4 + 1, hi - 3, 4 if caps.gqa else 1, 1))
+    ladder = []
+    for nq, nk, hq, hkv in shapes:
+        dims = [d for d in HEAD_DIMS if d in caps.head_dims and hq * nq * nk * d <= limits["work"]]
+        if dtype is None or not dims:
+            continue
+        p = Problem(b=1, hq=hq, hkv=hkv, nq=nq, nk=nk, d=max(dims), dv=max(dims), dtype=dtype,
+                    causal=caps.causal, device=device, seed=len(ladder) + 1)
+        if caps.unsupported_reason(p) is None:
+            ladder.append(p)
+    return ladder
+
+
 def test_long_sequences_golden(kernel: Kernel, device: str, capsys: pytest.CaptureFixture):
     """o, lse, dq (and dk, dv where the yardstick fits whole) agree with the float64 golden
     within the tolerance model for Nq, Nk drawn from the device's long range."""
@@ -140,7 +172,7 @@ def test_long_sequences_golden(kernel: Kernel, device: str, capsys: pytest.Captu
                         default_tiles=True, layouts=("contiguous", "transposed"))
     try:
         # few examples: each is a float64 attention at up to 128k (seconds on the H200)
-        run_property(kernel, PROP, strategy, check, weight=0.03)
+        run_property(kernel, PROP, strategy, check, weight=0.03, explicit=far_end(caps, device))
     finally:
         if any(r["kernel"] == kernel.name for r in GROWTH):
             with capsys.disabled():

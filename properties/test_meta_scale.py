@@ -37,8 +37,9 @@ from flashprop.properties.scale_problems import (
     units,
 )
 from flashprop.refimpl import attention_yardstick
-from hypothesis import Phase, given, settings
+from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 pytestmark = pytest.mark.meta
 
@@ -102,6 +103,22 @@ def test_huge_draws_cross_the_boundary_along_their_axis(data: st.DataObject):
     for u in parts:
         assert u.problem.b == 1 and math.prod(logical_shapes(u.problem)["q"]) < BOUNDARY
         assert undeclared_reason(caps, u.problem) is None
+
+
+@pytest.mark.parametrize("axis", AXES)
+def test_huge_independence_skips_what_max_elements_refuses(axis: str):
+    """A kernel declaring max_elements below 2^31 draws no huge problem (each holds more), so
+    test_huge_independence skips it on a GPU, naming the declaration, rather than failing the
+    draw as unsatisfiable (as it did on the H200 for the SDPA backends and Flex); a kernel
+    declaring no limit runs it."""
+    limited = Capabilities(varlen=True, max_elements=2**31 - 1)
+    with pytest.raises(Unsatisfiable):
+        find(huge_problems(limited, axis, device="cuda", budget=BUDGET), lambda p: True)
+    kernel = Kernel(name="meta-limited", fn=lambda q, k, v: q, capabilities=limited)
+    assert "max_elements=2147483647" in test_huge.huge_skip_reason(kernel, "cuda", axis)
+    full = Kernel(name="meta-full", fn=lambda q, k, v: q, capabilities=Capabilities(varlen=True))
+    assert test_huge.huge_skip_reason(full, "cuda", axis) is None
+    assert "for a GPU" in test_huge.huge_skip_reason(full, "cpu", axis)
 
 
 #: Problems past a boundary moved to element 3000, one per axis (causal or not, GQA, Nq != Nk).
