@@ -21,7 +21,7 @@ To add a benchmark:
 4. Record one ``schema.Row``: ``benchmark.extra_info.update(Row(...).extra_info())``. A new
    quantity is a new field of ``Row`` (documented there), which ``report.py`` then shows.
 5. To gate it, fill ``Row.ratios`` with each anchor's seconds over its own, measured in the
-   same run (the anchors: ``kernels.registry.BENCH_ANCHORS``; on the CPU gate,
+   same run (the anchors: ``contract.registry.BENCH_ANCHORS``; on the CPU gate,
    ``calibration.ANCHORS``), and ``Row.timing`` with ``timing.PROTOCOLS[device]``; then record
    the baseline: ``python ci/bench_gate.py --update ci/baselines/<machine>.json RUN.json``.
 """

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
+from flashprop.contract.registry import Kernel
 
 from .conftest import (
     BenchState,

@@ -10,7 +10,7 @@ Each row records the wall seconds of the first call at its shape (synchronised: 
 autotuning and the run), the steady seconds by the grid's protocol (``timing.py``: CUDA events,
 L2 flush, spin), their difference, the seconds Triton spent compiling (or loading from its
 on-disk cache) and how many variants, when its compilations are counted
-(``FLASHPROP_TRITON_COMPILE_LOCKS``, ``properties/compile_locks.py``; the rest of the difference
+(``FLASHPROP_TRITON_COMPILE_LOCKS``, ``harness/compile_locks.py``; the rest of the difference
 is autotuning's timing runs), and for the ``triton`` kernel how many new autotuning keys the
 call added (its autotuner's cache, ``kernels.triton_attention.PASSES``): the triton kernel
 keys its tuning on the padded head dims, causal, the dtypes and ``SEQ_CLASS`` (N < 2048 or not),
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties import compile_locks
-from flashprop.properties.compile_locks import STATS
-from flashprop.properties.problem import Problem
-from flashprop.properties.scale_problems import undeclared_reason
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness import compile_locks
+from flashprop.harness.compile_locks import STATS
+from flashprop.harness.scale_problems import undeclared_reason
 
 from .conftest import BenchState, bench_device, kernel_names
 from .schema import Row

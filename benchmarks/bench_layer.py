@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from flashprop.contract.registry import BENCH_ANCHORS
 from flashprop.kernels.layer import FlashAttention
-from flashprop.kernels.registry import BENCH_ANCHORS
 from torch import Tensor, nn
 
 from .conftest import BenchState

@@ -15,8 +15,8 @@ time mostly measures the neighbours). The hot paths and their anchors:
 - ``triton`` (tiny): the Triton kernel under ``TRITON_INTERPRET=1`` on a fixed small problem
   (skipped with the reason when it cannot load);
 - ``hypothesis`` (tiny): examples per second of the forward-vs-golden property for
-  ``ref-blocked`` (problems from :func:`properties.strategies.problems`, judged by
-  properties.check).
+  ``ref-blocked`` (problems from :func:`harness.strategies.problems`, judged by
+  harness.check).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import assert_close_to_golden, references, run_kernel
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import Sizes, problems
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import assert_close_to_golden, references, run_kernel
+from flashprop.harness.strategies import Sizes, problems
 from flashprop.refimpl.golden import attention_golden, attention_golden_backward
 from hypothesis import HealthCheck, Phase, given, settings
 

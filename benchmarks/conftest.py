@@ -3,7 +3,7 @@
 Options (each also read from an environment variable, the option wins):
     --bench-kernels   FLASHPROP_BENCH_KERNELS   kernels to time (default: every registered one)
     --bench-anchors   FLASHPROP_BENCH_ANCHORS   anchors each kernel is compared with
-                                                (default: kernels.registry.BENCH_ANCHORS:
+                                                (default: contract.registry.BENCH_ANCHORS:
                                                 sdpa-flash,sdpa-cudnn on CUDA, sdpa-math on CPU)
     --bench-seqlens   FLASHPROP_BENCH_SEQLENS   N values, e.g. 1k,2k,4k
     --bench-head-dims FLASHPROP_BENCH_HEAD_DIMS e.g. 64,128
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from flashprop.kernels.registry import BENCH_ANCHORS, BUILTIN, Kernel, KernelUnavailable, load_kernel
+from flashprop.contract.registry import BENCH_ANCHORS, BUILTIN, Kernel, KernelUnavailable, load_kernel
 
 from .grid import (
     CPU_GRID,

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from flashprop.properties.problem import DTYPES_BY_NAME, Problem
+from flashprop.contract.problem import DTYPES_BY_NAME, Problem
 
 MODES = ("fwd", "fwd+bwd")
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}

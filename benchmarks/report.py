@@ -14,7 +14,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from flashprop.kernels.registry import BENCH_ANCHORS
+from flashprop.contract.registry import BENCH_ANCHORS
 
 from .grid import SHORT_DTYPE
 from .schema import Row, rows

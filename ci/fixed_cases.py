@@ -10,7 +10,7 @@ read out of bounds shows up as NaN. Judged, per case:
 * o, lse and the gradients of ``<dO, o> + <dlse, lse>`` for q, k, v (the lse gradient, drawn
   with the problem's seed, is part of both kernels' contract) against refimpl's dense attention
   (:func:`refimpl.attention_yardstick`, differentiable) run in float64, the reference, within
-  the suite's tolerance model (:func:`properties.tolerance.compare`) whose scale is the same
+  the suite's tolerance model (:func:`harness.tolerance.compare`) whose scale is the same
   computation in the input dtype, the yardstick. (The golden's backward,
   :func:`refimpl.attention_golden_backward`, takes no lse gradient; in float64 the yardstick is
   a float64 computation like the golden.)
@@ -19,7 +19,7 @@ read out of bounds shows up as NaN. Judged, per case:
 
 The benchmark is the benchmark suite's (``benchmarks/bench_attention.py``: B*N = 16k tokens,
 H*D = 2048, CUDA events after an L2 flush) of the kernel and the CUDA anchors
-(``kernels.registry.BENCH_ANCHORS``), in a pytest process of its own: ``DIR/bench.json`` and
+(``contract.registry.BENCH_ANCHORS``), in a pytest process of its own: ``DIR/bench.json`` and
 ``DIR/bench.md`` (TFLOP/s, ratios to the anchors, forward and backward apart).
 
 Results go to stdout and DIR (``--out``, default ``$OUT`` or ``./gpu_check_out``): ``log.txt``,
@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from flashprop.kernels.registry import BENCH_ANCHORS, Kernel, load_kernel
-from flashprop.properties.problem import Problem
-from flashprop.properties.tolerance import compare
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import BENCH_ANCHORS, Kernel, load_kernel
+from flashprop.harness.tolerance import compare
 from flashprop.refimpl import attention_yardstick, visible_mask
 
 ROOT = Path(__file__).resolve().parent.parent

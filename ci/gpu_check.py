@@ -10,7 +10,7 @@ Phases, in this order, those that ``--phases`` / ``FLASHPROP_GPU_PHASES`` names
   over JOBS pytest-xdist workers (``-n JOBS --dist load``): worker ``gwI`` takes GPU ``I mod
   count``, the workers' tallies are merged into one table, a worker that dies (a lost CUDA
   context) is replaced and the example it was running is reported as a failure
-  (``properties/campaign.py``); a kernel that breaks its workers' CUDA context does not touch
+  (``harness/campaign.py``); a kernel that breaks its workers' CUDA context does not touch
   the other kernels' runs. ``NAME@N``: N examples per property (times its weight).
 - ``fuzz``: the ``fuzz`` profile on each fuzz kernel, one pytest-xdist run per kernel, each
   property test split into FLASHPROP_GPU_FUZZ_SPLIT shards of distinct Hypothesis seeds, so the

@@ -3,7 +3,7 @@ state folder that makes calls add up, and each phase's report.
 
 A fuzz run splits each property test into ``fuzz_split`` shards (the plugin's ``--shards``),
 shard ``i`` drawing its share of the examples with Hypothesis seed ``BASE + i``
-(``properties/campaign.py``): the workers take different shards, so they fuzz one property in
+(``harness/campaign.py``): the workers take different shards, so they fuzz one property in
 different parts of the space. A call's ``BASE`` is the first seed no kept call ran
 (:meth:`State.next_seed`), so the calls' examples are distinct and their tallies add up.
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import limited
 import replay_failures
-from flashprop.properties import compile_locks, report
+from flashprop.harness import compile_locks, report
 from gpu_settings import LEAST_SECONDS, NOT_STARTED, ROOT, Config, SettingError, say
 
 #: Sources whose version decides the results: the state folder is keyed by their hash.
@@ -172,7 +172,7 @@ def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
                        f"{shlex.join(command)}\n")
         run.exit = NOT_STARTED
         return
-    # the workers compile each Triton kernel variant once between them (properties/compile_locks.py)
+    # the workers compile each Triton kernel variant once between them (harness/compile_locks.py)
     env = dict(os.environ, FLASHPROP_TRITON_COMPILE_LOCKS=str(parts / "compile-locks"))
     if cfg.ids_given:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(cfg.ids)
@@ -190,7 +190,7 @@ def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
 
 
 def merged_table(tallies: list[Path]) -> str:
-    """``python -m properties.report`` of the tallies (run in this process): the merged table
+    """``python -m harness.report`` of the tallies (run in this process): the merged table
     and each failure."""
     report.TALLIES.clear()
     text = io.StringIO()

@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from flashprop.kernels.registry import GPU_BENCH_KERNELS, GPU_FUZZ_KERNELS, GPU_PROPERTY_KERNELS
+from flashprop.contract.registry import GPU_BENCH_KERNELS, GPU_FUZZ_KERNELS, GPU_PROPERTY_KERNELS
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Kernels whose property runs take fewer examples by default: Flex compiles each problem's

@@ -15,7 +15,7 @@ timeout(1)), 137 if it had to be killed. SIGTERM sent to this script goes to the
 SIGINT does not (Ctrl-C in a terminal reaches the command itself).
 
 A pytest-xdist controller passes the first interrupt on to its workers, which wind down and hand
-their tallies over (``properties/campaign.py``); the interrupts after it reach workers stuck in
+their tallies over (``harness/campaign.py``); the interrupts after it reach workers stuck in
 an example. The kill reaches the command's children (the workers) too.
 """
 
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from flashprop.properties.campaign import child_pids, signal_pids
+from flashprop.harness.campaign import child_pids, signal_pids
 
 REPEAT_SECONDS, KILL_SECONDS = 10.0, 30.0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashprop.properties.report import REPLAY_HEADER
+from flashprop.harness.report import REPLAY_HEADER
 
 
 def replay_commands(paths: list[Path]) -> dict[tuple[str, str], str]:

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print("triton_tuning: needs a CUDA GPU (the autotuner runs only there)", file=sys.stderr)
         return 2
 
-    from flashprop.kernels.registry import load_kernel
+    from flashprop.contract.registry import load_kernel
 
     from benchmarks.bench_attention import make_call
 

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashprop.kernels.triton_attention as ta
 import torch
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import device_sizes, problems
+from flashprop.contract.problem import Problem
+from flashprop.harness.strategies import device_sizes, problems
 from hypothesis import HealthCheck, given, settings
 
 from ci.compile_triton import compile_kernel, compile_meta

@@ -121,7 +121,7 @@ def gate(ns: argparse.Namespace) -> int:
 
 def kernels(ns: argparse.Namespace) -> int:
     """List the registered kernels, whether each runs here and what it declares."""
-    from flashprop.kernels.registry import BUILTIN, KernelUnavailable, load_kernel
+    from flashprop.contract.registry import BUILTIN, KernelUnavailable, load_kernel
 
     rows = [("kernel", "here", "dtypes", "head dims", "causal", "variants")]
     for name in BUILTIN:

@@ -8,17 +8,17 @@ Options:
     --max-n N                                 largest sequence length drawn
     --tally-json PATH                         write the per-property tallies as JSON too, also
                                               during the run (merged by ``python -m
-                                              properties.report``)
+                                              harness.report``)
     --replay PROPERTY:Problem(...)            run one property on one problem (failures print it)
     --known-failures PATH                     tests expected to fail, with reasons
-                                              (``properties/known_failures.py``)
+                                              (``harness/known_failures.py``)
     --example-db DIR|redis://HOST:PORT/N      Hypothesis example database shared by every
                                               worker and run (a directory, or Redis)
     --shards K                                each property test as K shards of its examples,
-                                              each from its own seed (``properties/campaign.py``)
+                                              each from its own seed (``harness/campaign.py``)
     --time 10m                                time box: spread over the properties that draw
                                               examples, each stops when its share is spent
-                                              (``properties/timebox.py``); the fuzz profile
+                                              (``harness/timebox.py``); the fuzz profile
                                               on the CPU with the default kernel is boxed at
                                               DEFAULT_CPU_BOX unless --time or --max-examples
     --tracebacks-file PATH                    the failed tests' full tracebacks go there, not
@@ -27,7 +27,7 @@ Options:
 Long runs print a progress line now and then; SIGTERM (a CI timeout) stops the run like SIGINT,
 with the table. The summary comes last, after pytest's own: the table (with each property's
 examples asked, and why a test drew none: its skip reason), then each failure's cause once with
-the properties it took down (``properties/causes.py``); with ``$GITHUB_STEP_SUMMARY`` set, the same
+the properties it took down (``harness/causes.py``); with ``$GITHUB_STEP_SUMMARY`` set, the same
 is appended there as markdown.
 
 Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count; the
@@ -35,7 +35,7 @@ workers' tallies are merged into the one summary table; a worker that dies (segf
 context) is replaced by xdist and the example it was running is reported as that property's
 failure, with its replay command. ``--shards K`` splits each property test into K tests with
 distinct Hypothesis seeds and K shares of its examples, so that many workers fuzz one property
-(``properties/campaign.py``).
+(``harness/campaign.py``).
 Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline, no database),
 ``dev`` (the default), ``fuzz`` (many examples, example database on) and ``gpu``.
 
@@ -72,7 +72,7 @@ settings.load_profile(os.environ.get("FLASHPROP_PROFILE", "dev"))
 #: interpreter): a first table within minutes; --time or --max-examples go deeper.
 DEFAULT_CPU_BOX = 240.0
 #: What --max-examples does (the plugin's and ``flashprop fuzz``'s help): the weights are those
-#: the property tests pass to ``properties.check.run_property``.
+#: the property tests pass to ``harness.check.run_property``.
 MAX_EXAMPLES_HELP = (
     "examples per property, times the property's weight: forward and variant forward 1, backward "
     "and variant backward 3/4, most others 1/2, malformed inputs and gradgradcheck 1/4, long "
@@ -158,7 +158,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if threading.current_thread() is threading.main_thread():
         # a CI timeout ends the run as Ctrl-C does: with the table; an xdist controller passes
         # the first interrupt on to its workers, which wind down and hand their tallies over
-        from flashprop.properties.campaign import WorkersFirst, interrupt, wind_down
+        from flashprop.harness.campaign import WorkersFirst, interrupt, wind_down
 
         if getattr(config, "workerinput", None) is not None:
             handler = wind_down
@@ -174,23 +174,23 @@ def pytest_configure(config: pytest.Config) -> None:
         # Triton kernels run on CPU tensors only under the interpreter; set before triton loads.
         os.environ.setdefault("TRITON_INTERPRET", "1")
     else:
-        from flashprop.properties.compile_locks import install_from_environment
+        from flashprop.harness.compile_locks import install_from_environment
 
         install_from_environment()
     replay = config.getoption("--replay")
     if replay:
-        import flashprop.properties.check
-        from flashprop.properties.problem import Problem
+        import flashprop.harness.check
+        from flashprop.contract.problem import Problem
 
         prop, _, text = replay.partition(":")
-        flashprop.properties.check.REPLAY = (prop, Problem.parse(text))
+        flashprop.harness.check.REPLAY = (prop, Problem.parse(text))
     if config.getoption("--tally-json"):
-        from flashprop.properties.report import autosave
+        from flashprop.harness.report import autosave
 
         autosave(config.getoption("--tally-json"))
     known = config.getoption("--known-failures")
     if known:
-        from flashprop.properties.known_failures import parse
+        from flashprop.harness.known_failures import parse
 
         try:
             config.stash[_KNOWN] = parse(Path(known))
@@ -201,16 +201,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if n is not None:
         overrides["max_examples"] = n
     if config.getoption("--example-db"):
-        from flashprop.properties.campaign import example_database
+        from flashprop.harness.campaign import example_database
 
         overrides["database"] = example_database(config.getoption("--example-db"))
     if overrides:  # applied by each property on top of the profile Hypothesis loaded
-        import flashprop.properties.check
+        import flashprop.harness.check
 
-        flashprop.properties.check.OVERRIDES.update(overrides)
+        flashprop.harness.check.OVERRIDES.update(overrides)
     worker = getattr(config, "workerinput", None)
     if worker is not None:
-        from flashprop.properties.campaign import configure_worker
+        from flashprop.harness.campaign import configure_worker
 
         configure_worker(worker, _device(config))
 
@@ -218,7 +218,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """xdist controller: tell each worker where to note its examples and tallies."""
-    from flashprop.properties.campaign import configure_node
+    from flashprop.harness.campaign import configure_node
 
     configure_node(node)
 
@@ -226,20 +226,20 @@ def pytest_configure_node(node) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """xdist controller: merge a worker's tallies; report the example a dead worker was running."""
-    from flashprop.properties.campaign import collect_node
+    from flashprop.harness.campaign import collect_node
 
     collect_node(node, error)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from flashprop.properties.campaign import STOP_SIGNALS
+    from flashprop.harness.campaign import STOP_SIGNALS
 
     worker_output = getattr(session.config, "workeroutput", None)
     if worker_output is None and STOP_SIGNALS:  # a controller whose workers wound down
         session.exitstatus = pytest.ExitCode.INTERRUPTED
     if worker_output is not None:
-        from flashprop.properties import compile_locks
-        from flashprop.properties.report import rows
+        from flashprop.harness import compile_locks
+        from flashprop.harness.report import rows
 
         worker_output["flashprop_tallies"] = rows()
         worker_output["flashprop_compile"] = vars(compile_locks.STATS)  # summed by the controller
@@ -248,7 +248,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def _time_box(config: pytest.Config) -> float | None:
     """Seconds of the run's time box: ``--time``, or DEFAULT_CPU_BOX for the fuzz profile's
     main job on the CPU with the default kernel (no --kernel, no --max-examples)."""
-    from flashprop.properties.timebox import parse_duration
+    from flashprop.harness.timebox import parse_duration
 
     if config.getoption("--time"):
         try:
@@ -267,8 +267,8 @@ def _time_box(config: pytest.Config) -> float | None:
 def _draws(item: pytest.Item, config: pytest.Config) -> bool:
     """Whether a kernel test will draw examples, and so take a share of the time box: its body
     runs now, with the arguments it will get, up to its property (``timebox.draws``)."""
-    from flashprop.properties import timebox
-    from flashprop.properties.strategies import device_sizes
+    from flashprop.harness import timebox
+    from flashprop.harness.strategies import device_sizes
 
     params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
     if "kernel" not in params or item.get_closest_marker("skip") is not None:
@@ -289,7 +289,7 @@ def _draws(item: pytest.Item, config: pytest.Config) -> bool:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    from flashprop.properties import timebox
+    from flashprop.harness import timebox
 
     config = session.config
     seconds = _time_box(config)
@@ -306,14 +306,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _KNOWN in config.stash:
-        from flashprop.properties.known_failures import mark
+        from flashprop.harness.known_failures import mark
 
         config.stash[_UNMATCHED] = mark(items, config.stash[_KNOWN])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kernel" in metafunc.fixturenames:
-        from flashprop.kernels.registry import default_kernel
+        from flashprop.contract.registry import default_kernel
 
         specs = metafunc.config.getoption("--kernel") or [default_kernel(_device(metafunc.config))]
         metafunc.parametrize("kernel", specs, indirect=True, scope="session")
@@ -325,18 +325,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(autouse=True)
 def flashprop_shard(request: pytest.FixtureRequest):
     """``--shards``: the shard this property test runs (its seed and its share of the examples,
-    ``properties.campaign.Shard``); ``None`` for an unsharded test."""
+    ``harness.campaign.Shard``); ``None`` for an unsharded test."""
     if not hasattr(request, "param"):
         yield None
         return
-    from flashprop.properties.campaign import running
+    from flashprop.harness.campaign import running
 
     with running(request.config, request.param) as shard:
         yield shard
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    from flashprop.properties.campaign import header
+    from flashprop.harness.campaign import header
 
     return header(config)
 
@@ -347,7 +347,7 @@ _LOADED: dict[tuple[str, str], object] = {}
 
 def _kernel_for(spec: str, device: str):
     """The kernel ``spec`` as the tests on ``device`` get it, or why they are skipped (cached)."""
-    from flashprop.kernels.registry import KernelUnavailable, load_kernel, observe_outputs
+    from flashprop.contract.registry import KernelUnavailable, load_kernel, observe_outputs
 
     if (spec, device) not in _LOADED:
         try:
@@ -379,7 +379,7 @@ def kernel(request: pytest.FixtureRequest, device: str):
 @pytest.fixture(scope="session")
 def sizes(request: pytest.FixtureRequest, device: str):
     """Size bounds: small under the Triton interpreter / on CPU, larger on a GPU."""
-    from flashprop.properties.strategies import device_sizes
+    from flashprop.harness.strategies import device_sizes
 
     return device_sizes(device, request.config.getoption("--max-n"))
 
@@ -387,7 +387,7 @@ def sizes(request: pytest.FixtureRequest, device: str):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A signal that asked the run to stop, and whose KeyboardInterrupt was lost, stops it here."""
-    from flashprop.properties.campaign import stop_if_asked
+    from flashprop.harness.campaign import stop_if_asked
 
     stop_if_asked()
 
@@ -398,7 +398,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if "kernel" in params:
-        from flashprop.properties import report as tallies
+        from flashprop.harness import report as tallies
 
         if call.when == "setup":
             tallies.start_item()
@@ -440,8 +440,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if path:
         config.option.tbstyle = "no"  # pytest's summary leaves out the tracebacks now in the file
     result = yield
-    from flashprop.properties import compile_locks, report, timebox
-    from flashprop.properties.campaign import stopped_line
+    from flashprop.harness import compile_locks, report, timebox
+    from flashprop.harness.campaign import stopped_line
 
     if config.getoption("--tally-json"):
         report.dump(config.getoption("--tally-json"))

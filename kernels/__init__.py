@@ -1,24 +1,3 @@
-"""The kernel contract (capabilities, registry, loader) and the kernels under test."""
-
-from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities, KVCache, Limit
-from flashprop.kernels.registry import (
-    BUILTIN,
-    Kernel,
-    KernelUnavailable,
-    default_kernel,
-    load_kernel,
-    observe_outputs,
-)
-
-__all__ = [
-    "BUILTIN",
-    "FULL_SUPPORT",
-    "Capabilities",
-    "KVCache",
-    "Kernel",
-    "KernelUnavailable",
-    "Limit",
-    "default_kernel",
-    "load_kernel",
-    "observe_outputs",
-]
+"""The kernels and adapters under test: the Triton and CUDA kernels, the SDPA, Flex and
+flash-attn adapters, and the attention layer built on any of them. What they declare and how
+they are found is the contract (``flashprop.contract``)."""

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 import torch
-from flashprop.kernels.capabilities import Capabilities, Limit
+from flashprop.contract.capabilities import Capabilities, Limit
 
 __all__ = ["attention", "unavailable_reason"]
 

@@ -12,7 +12,7 @@ sinks, and its paged cache takes page sizes that are multiples of 256.
 from __future__ import annotations
 
 import torch
-from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 
 try:
     from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache

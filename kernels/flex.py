@@ -36,8 +36,8 @@ import functools
 from collections.abc import Callable
 
 import torch
-from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, Limit
-from flashprop.kernels.validate import INT32_ELEMENTS, check_elements, check_variants, check_varlen
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, Limit
+from flashprop.contract.validate import INT32_ELEMENTS, check_elements, check_variants, check_varlen
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention

@@ -35,7 +35,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 
 import torch
-from flashprop.kernels.registry import Kernel, load_kernel
+from flashprop.contract.registry import Kernel, load_kernel
 from torch import Tensor, nn
 
 #: Loaded kernels by the key the custom ops name them with (a custom op takes no callables).
@@ -179,8 +179,8 @@ class FlashAttention(nn.Module):
             Hkv * D wide.
         causal: causal masking (the kernel's alignment; see the module docstring).
         bias: biases of all four projections on or off.
-        kernel: a spec :func:`kernels.registry.load_kernel` takes (registered name,
-            ``module:attr``, ``file.py:attr``) or a loaded :class:`~kernels.registry.Kernel`;
+        kernel: a spec :func:`contract.registry.load_kernel` takes (registered name,
+            ``module:attr``, ``file.py:attr``) or a loaded :class:`~contract.registry.Kernel`;
             default :func:`best_kernel`.
         scale: softmax scale (default 1/sqrt(D)).
         window_size: ``(left, right)`` sliding window, -1 for an unbounded side.

@@ -48,8 +48,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
-from flashprop.kernels.validate import (
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
+from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_decode,
     check_elements,

@@ -64,8 +64,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from flashprop.kernels.capabilities import Capabilities, Limit
-from flashprop.kernels.validate import INT32_ELEMENTS, extent
+from flashprop.contract.capabilities import Capabilities, Limit
+from flashprop.contract.validate import INT32_ELEMENTS, extent
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -972,7 +972,7 @@ def launch_meta(q: Tensor, v: Tensor, causal: bool) -> dict:
 def wide_rows(*tensors: Tensor) -> bool:
     """``WIDE_ROWS`` of a launch whose kernel addresses ``tensors`` through pointers (not TMA
     descriptors): True when any of them spans more than 2^31 - 1 elements, its extent
-    ``1 + sum((size_i - 1) * |stride_i|)`` (:func:`~flashprop.kernels.validate.extent`).
+    ``1 + sum((size_i - 1) * |stride_i|)`` (:func:`~flashprop.contract.validate.extent`).
 
     The kernels add a 64-bit (batch, head) offset to the base pointer and, without WIDE_ROWS,
     the offset within the slice, ``row * stride_r + col * stride_c``, in 32 bits. That offset is

@@ -4,7 +4,7 @@ Loaded with ``-p mutants.probe``; it does nothing unless ``FLASHPROP_PROBE_OUT``
 One pytest session checks several mutants (``--kernel mutants.catalogue:A --kernel ...``): the
 kernel fixture is session-scoped, so pytest runs every test of one kernel before the next, in
 the property files' order. For each kernel the probe counts the examples (it wraps
-``properties.check.record``, through which every example of every property passes) and the
+``harness.check.record``, through which every example of every property passes) and the
 seconds spent in that kernel's tests; a kernel is *caught* by its first failing test, after
 which the rest of its tests are skipped (``-x`` per kernel), as they are once its time budget
 (``FLASHPROP_PROBE_BUDGET`` seconds) is spent. At the end of the session it writes JSON to the
@@ -119,12 +119,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Hook ``properties.check.record`` once the test modules are imported."""
+    """Hook ``harness.check.record`` once the test modules are imported."""
     global _PROBE
     out = os.environ.get(OUT_ENV)
     if not out:
         return
-    import flashprop.properties.check as check
+    import flashprop.harness.check as check
 
     budget = os.environ.get(BUDGET_ENV)
     _PROBE = Probe(Path(out), float(budget) if budget else None)

@@ -1,10 +1,7 @@
-"""The property suite: problems, strategies, the tolerance model, the harness and the tests.
-
-``problem.py`` is a drawn problem and its tensors; ``strategies.py`` and ``variant_problems.py``
-draw them; ``tolerance.py`` is the error budget; ``check.py`` the harness (``run_kernel``,
-``assert_close_to_golden``, ``run_property``); ``diagnosis.py`` names what a failing output
-looks like; ``report.py`` keeps the per-property tallies. ``test_*.py`` are the properties,
-``test_meta*.py`` the suite's tests of itself.
+"""The properties: each ``test_*.py`` here is a theme of properties every kernel is run
+through. The library they use is ``flashprop.harness`` (``harness/``); the problem and the
+declarations they are read against are ``flashprop.contract``; the suite's tests of itself are
+in ``meta/``.
 
 To add a property:
 
@@ -13,7 +10,7 @@ To add a property:
    (the plugin, ``flashprop/plugin.py``, runs it once per ``--kernel``).
 2. Skip, saying why, when the kernel does not declare what the property needs
    (``kernel.capabilities``: ``pytest.skip(f"kernel {kernel.name} does not declare backward")``).
-3. Write ``check(kernel, problem)``: call the kernel through ``check.run_kernel`` and judge the
+3. Write ``check(kernel, problem)``: call the kernel through ``harness.check.run_kernel`` and judge the
    outputs with ``check.assert_close_to_golden`` (the float64 golden of ``refimpl`` within the
    tolerance model), or compare two runs with ``agreement.py``; anything else that fails raises
    ``check.PropertyFailure`` with ``check.failure``'s message (problem, details, repro).

@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import Outputs, PropertyFailure, failure, run_kernel, run_property
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import problems
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import Outputs, PropertyFailure, failure, run_kernel, run_property
+from flashprop.harness.strategies import problems
 
 _INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 

@@ -7,7 +7,7 @@ other exception on an undeclared problem is a failure ("clear error or correct a
 from __future__ import annotations
 
 import pytest
-from flashprop.properties.check import (
+from flashprop.harness.check import (
     KernelRefused,
     PropertyFailure,
     assert_close_to_golden,
@@ -16,8 +16,8 @@ from flashprop.properties.check import (
     run_kernel,
     run_property,
 )
-from flashprop.properties.strategies import undeclared_problems
-from flashprop.properties.variant_problems import (
+from flashprop.harness.strategies import undeclared_problems
+from flashprop.harness.variant_problems import (
     MALFORMED,
     undeclared_variant_problems,
     variant_axes,

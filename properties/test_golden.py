@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from flashprop.properties.check import assert_close_to_golden, run_kernel, run_property
-from flashprop.properties.strategies import problems
+from flashprop.harness.check import assert_close_to_golden, run_kernel, run_property
+from flashprop.harness.strategies import problems
 
 
 def test_forward_matches_golden(kernel, device, sizes):

@@ -19,11 +19,11 @@ from dataclasses import replace
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import PropertyFailure, failure, run_property
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import Sizes, problems
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import PropertyFailure, failure, run_property
+from flashprop.harness.strategies import Sizes, problems
 
 F64 = torch.float64
 

@@ -1,4 +1,4 @@
-"""Tensors past 2^31 elements: where 32-bit offsets break (``properties/scale_problems.py``).
+"""Tensors past 2^31 elements: where 32-bit offsets break (``harness/scale_problems.py``).
 
 - huge-heads, huge-batch, huge-rows, huge-varlen (GPU): a dense problem with a tensor of more
   than 2^31 elements along one axis; the unit holding element 2^31 of each such tensor, and the
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.agreement import budgets, disagreement, total
-from flashprop.properties.check import (
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.agreement import budgets, disagreement, total
+from flashprop.harness.check import (
     KernelRefused,
     Outputs,
     PropertyFailure,
@@ -38,9 +39,8 @@ from flashprop.properties.check import (
     run_kernel,
     run_property,
 )
-from flashprop.properties.problem import Problem
-from flashprop.properties.report import REPLAY_HEADER
-from flashprop.properties.scale_problems import (
+from flashprop.harness.report import REPLAY_HEADER
+from flashprop.harness.scale_problems import (
     AXES,
     ROW_BLOCK_ALIGN,
     SPREAD_LAYOUTS,
@@ -58,7 +58,7 @@ from flashprop.properties.scale_problems import (
     spread_span_bytes,
     units,
 )
-from flashprop.properties.tolerance import budget
+from flashprop.harness.tolerance import budget
 from hypothesis import reject
 from hypothesis import strategies as st
 
@@ -96,7 +96,7 @@ class Verdict:
 
 def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inputs: str) -> str:
     """A failure report for a huge or spread problem: the report of
-    :func:`properties.check.failure`, whose repro rebuilds the tensors by ``inputs``."""
+    :func:`harness.check.failure`, whose repro rebuilds the tensors by ``inputs``."""
     tiles = "".join(f", {n}={v}" for n, v in (("block_m", p.block_m), ("block_n", p.block_n)) if v)
     lines = [
         f"property {prop!r} failed for kernel {kernel.name!r}",
@@ -104,9 +104,9 @@ def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inp
         *details,
         "repro (run from the flashprop root):",
         "    import torch",
-        "    from flashprop.kernels import load_kernel",
-        "    from flashprop.properties.problem import Problem",
-        f"    from flashprop.properties.scale_problems import {inputs.split('(')[0]}",
+        "    from flashprop.contract.registry import load_kernel",
+        "    from flashprop.contract.problem import Problem",
+        f"    from flashprop.harness.scale_problems import {inputs.split('(')[0]}",
         f"    p = {p.constructor()}",
         f"    inp, do = {inputs}",
         f"    o, lse = load_kernel({kernel.name!r}).call(p.mode, inp.args, inp.kwargs, "
@@ -133,7 +133,7 @@ def bitwise_difference(name: str, a: torch.Tensor, b: torch.Tensor) -> str | Non
 
 def unit_limits(kernel: Kernel, unit: Problem, backward: bool) -> dict[str, float]:
     """Budgets for a unit compared with itself alone: twice its tolerance-model budget per
-    tensor (:mod:`properties.agreement`), the gradients' floors from the golden's bounds."""
+    tensor (:mod:`harness.agreement`), the gradients' floors from the golden's bounds."""
     golden, yard = reference_for(kernel, unit, backward=backward)
     limits = total(*[budgets(unit.dtype, (golden, yard))] * 2)
     if backward:
@@ -177,7 +177,7 @@ def compare_unit(kernel: Kernel, full: Outputs, unit: Unit, alone: Outputs, *, e
 
 
 def _failure_details(report: str) -> list[str]:
-    """The lines of a :func:`properties.check.failure` report between its problem and its repro."""
+    """The lines of a :func:`harness.check.failure` report between its problem and its repro."""
     lines = report.splitlines()
     start = next((i + 1 for i, line in enumerate(lines) if line.startswith("problem: ")), 0)
     stop = next((i for i, line in enumerate(lines) if line.startswith("repro")), len(lines))

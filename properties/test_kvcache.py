@@ -7,18 +7,18 @@
 - split-kv-invariance: every ``num_splits`` (1 up to more than the key blocks, so some splits see
   no key) agrees with ``num_splits=1``.
 
-Two runs are compared within the sum of their tolerance-model budgets (properties.agreement).
+Two runs are compared within the sum of their tolerance-model budgets (harness.agreement).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.agreement import assert_agree, budgets, references_on, restrict, total
-from flashprop.properties.check import Outputs, run_kernel, run_property
-from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.variant_problems import variant_problems
+from flashprop.contract.problem import KernelInputs, Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.agreement import assert_agree, budgets, references_on, restrict, total
+from flashprop.harness.check import Outputs, run_kernel, run_property
+from flashprop.harness.variant_problems import variant_problems
 from hypothesis import strategies as st
 
 

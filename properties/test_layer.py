@@ -7,7 +7,7 @@ workers spinning on a shared 2-core box only add noise):
 1. Same function as ``nn.MultiheadAttention`` with the same weights (``from_multihead_attention``),
    forward and parameter gradients, float32 and float64, self-attention plain, causal, from a
    sequence-first MHA, and cross-attention without biases. Judged by the suite's tolerance
-   model (``properties.tolerance.compare``), per tensor, with
+   model (``harness.tolerance.compare``), per tensor, with
 
    * golden: the layer's function in float64 on the same weights, attention through
      ``refimpl.attention_golden`` / ``attention_golden_backward`` and the projections' chain
@@ -48,10 +48,10 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from flashprop.kernels.capabilities import Capabilities
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.registry import Kernel
+from flashprop.harness.tolerance import Comparison, budget, compare
 from flashprop.kernels.layer import FlashAttention, attention_backward_op, attention_op
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.tolerance import Comparison, budget, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention as blocked_attention
 from torch import Tensor, nn

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from flashprop.properties.check import assert_close_to_golden, run_kernel, run_property
-from flashprop.properties.strategies import problems
+from flashprop.harness.check import assert_close_to_golden, run_kernel, run_property
+from flashprop.harness.strategies import problems
 
 LONG_HEAD_DIMS = (64, 128)
 LONG_LAYOUTS = ("contiguous", "transposed")

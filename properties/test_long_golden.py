@@ -2,7 +2,7 @@
 
 Causal or not, Nq != Nk, GQA, head dims 64 and 128, the kernel's default tiles; the far end of
 the range (N = 128k on a GPU, 2k on the CPU) always runs first (:func:`far_end`). The golden runs
-on the device and streams over key chunks (:mod:`properties.long_references`: its chunk shrinks
+on the device and streams over key chunks (:mod:`harness.long_references`: its chunk shrinks
 so that a float64 (B, Hq, Nq, chunk) block stays within 2 GiB); on a GPU the most memory it
 holds at once is measured and must stay far below the N x N score matrix it never builds
 (checked where Nk is at least 32 chunks, where that matrix is 32 times a chunk block). The
@@ -21,13 +21,13 @@ import os
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import PropertyFailure, failure, run_kernel, run_property
-from flashprop.properties.long_references import golden_chunk, golden_on_device, judge_long, yardstick_rows
-from flashprop.properties.problem import DTYPE_NAMES, Problem
-from flashprop.properties.scale_problems import exclusive_device
-from flashprop.properties.strategies import Sizes, problems
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import DTYPE_NAMES, Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import PropertyFailure, failure, run_kernel, run_property
+from flashprop.harness.long_references import golden_chunk, golden_on_device, judge_long, yardstick_rows
+from flashprop.harness.scale_problems import exclusive_device
+from flashprop.harness.strategies import Sizes, problems
 
 PROP = "long-golden"
 HEAD_DIMS = (64, 128)

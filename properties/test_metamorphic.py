@@ -2,7 +2,7 @@
 
 Each property runs the kernel on a drawn problem and on a transformed copy whose exact answer is
 known from the first (equal, or lse shifted by a known constant), and compares the two runs
-within the sum of their tolerance-model budgets (:mod:`properties.agreement`). None of them
+within the sum of their tolerance-model budgets (:mod:`harness.agreement`). None of them
 needs the kernel to be close to the golden, only consistent with itself, so they find bugs the
 golden comparison can miss (and they localise them: a wrong batch stride shows up as batch
 dependence, a wrong kv-head index as GQA inconsistency).
@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.agreement import assert_agree, budgets, pairs, references_on, restrict, total
-from flashprop.properties.check import run_kernel, run_property
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import problems
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.agreement import assert_agree, budgets, pairs, references_on, restrict, total
+from flashprop.harness.check import run_kernel, run_property
+from flashprop.harness.strategies import problems
 from flashprop.refimpl.masks import causal_offset
 
 

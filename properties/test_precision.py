@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.properties.check import PropertyFailure, failure, run_kernel, run_property
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import Sizes, problems
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.harness.check import PropertyFailure, failure, run_kernel, run_property
+from flashprop.harness.strategies import Sizes, problems
 from flashprop.refimpl import attention_golden
 from hypothesis import reject
 from hypothesis import strategies as st

@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import (
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import (
     Outputs,
     PropertyFailure,
     assert_close_to_golden,
@@ -26,8 +27,7 @@ from flashprop.properties.check import (
     run_kernel,
     run_property,
 )
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import Sizes, problems
+from flashprop.harness.strategies import Sizes, problems
 from hypothesis import assume
 from hypothesis import strategies as st
 

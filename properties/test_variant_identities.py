@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.agreement import assert_agree, budgets, references_on, total
-from flashprop.properties.check import Outputs, run_kernel, run_property
-from flashprop.properties.problem import Problem
-from flashprop.properties.variant_problems import variant_problems
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.agreement import assert_agree, budgets, references_on, total
+from flashprop.harness.check import Outputs, run_kernel, run_property
+from flashprop.harness.variant_problems import variant_problems
 
 #: A softcap so far above every drawn logit (|s| < 1e4) that tanh barely bends it.
 HUGE_SOFTCAP = 1e8

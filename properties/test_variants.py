@@ -10,8 +10,8 @@ judges dq, dk, dv (and dsinks) where the kernel declares that variant's gradient
 from __future__ import annotations
 
 import pytest
-from flashprop.properties.check import assert_close_to_golden, gradient_names, run_kernel, run_property
-from flashprop.properties.variant_problems import MODIFIERS, VARIANTS, variant_problems
+from flashprop.harness.check import assert_close_to_golden, gradient_names, run_kernel, run_property
+from flashprop.harness.variant_problems import MODIFIERS, VARIANTS, variant_problems
 
 BACKWARD_VARIANTS = (*MODIFIERS, "varlen")
 

@@ -6,19 +6,19 @@
 - varlen-isolation: replacing every other sequence's tokens changes no row (and, with a backward,
   no gradient) of a sequence.
 
-Two runs are compared within the sum of their tolerance-model budgets (properties.agreement).
+Two runs are compared within the sum of their tolerance-model budgets (harness.agreement).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.agreement import assert_agree, budgets, references_on, total
-from flashprop.properties.check import Outputs, reference_for, run_kernel, run_property
-from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.tolerance import budget
-from flashprop.properties.variant_problems import variant_problems
+from flashprop.contract.problem import KernelInputs, Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.agreement import assert_agree, budgets, references_on, total
+from flashprop.harness.check import Outputs, reference_for, run_kernel, run_property
+from flashprop.harness.tolerance import budget
+from flashprop.harness.variant_problems import variant_problems
 from flashprop.refimpl.layouts import sequence_kwargs, sequence_slices
 
 

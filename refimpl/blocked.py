@@ -55,8 +55,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from flashprop.kernels.validate import check_decode, check_variants, check_varlen
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.validate import check_decode, check_variants, check_varlen
 from flashprop.refimpl.golden import check_shapes, default_scale
 from flashprop.refimpl.masks import causal_offset
 from flashprop.refimpl.online_softmax import merge_partials
@@ -347,7 +347,7 @@ def _variants(
     alibi_slopes: torch.Tensor | None,
     sinks: torch.Tensor | None,
 ) -> tuple[Window, float, torch.Tensor | None]:
-    """Check the variant keywords (:func:`kernels.validate.check_variants`); returns the window
+    """Check the variant keywords (:func:`contract.validate.check_variants`); returns the window
     (``(-1, -1)``: none), the softcap and the ALiBi slopes as (batch, Hq) in the accumulator dtype
     (``None``: no ALiBi)."""
     var = check_variants(
@@ -367,7 +367,7 @@ def _sequences(
     max_seqlen_q: int,
     max_seqlen_k: int,
 ) -> list[tuple[slice, slice]]:
-    """Check the packed tensors and the sequence boundaries (:func:`kernels.validate.check_varlen`);
+    """Check the packed tensors and the sequence boundaries (:func:`contract.validate.check_varlen`);
     returns each sequence's token ranges ``(q, k)``."""
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
@@ -382,7 +382,7 @@ def _cache_lengths(
     block_table: torch.Tensor | None,
     num_splits: int,
 ) -> list[int]:
-    """Check the decode inputs (:func:`kernels.validate.check_decode`; any number of splits
+    """Check the decode inputs (:func:`contract.validate.check_decode`; any number of splits
     works, however many are declared); returns ``cache_seqlens`` as a list."""
     check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits=None)
     if q.shape[1] < 1:

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from flashprop.properties.problem import DTYPES_BY_NAME, Problem
+from flashprop.contract.problem import DTYPES_BY_NAME, Problem
 
 from ci.fixed_cases import Log, finish, parse_args, run_benchmarks, run_checks, run_correctness
 

@@ -1,6 +1,6 @@
 """Per-property bookkeeping for the fuzz summary: examples run, passed, refused, failed; what
 each property was asked to run; why a test drew nothing (its skip reason); the failures, grouped
-by cause (:mod:`properties.causes`), as text and as markdown (a CI job's summary page)."""
+by cause (:mod:`harness.causes`), as text and as markdown (a CI job's summary page)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 
-from flashprop.properties import timebox
-from flashprop.properties.causes import Failure, Group, group
+from flashprop.harness import timebox
+from flashprop.harness.causes import Failure, Group, group
 
 OUTCOMES = ("passed", "refused", "failed")
 #: The line of a failure report after which comes the command that replays it alone
-#: (written by properties.check.failure, read by ci/replay_failures.py).
+#: (written by harness.check.failure, read by ci/replay_failures.py).
 REPLAY_HEADER = "replay this property on this problem alone:"
 #: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
@@ -43,7 +43,7 @@ class Tally:
         return self.passed + self.refused + self.failed
 
 
-#: (kernel, property) -> Tally, filled by properties.check during the session.
+#: (kernel, property) -> Tally, filled by harness.check during the session.
 TALLIES: dict[tuple[str, str], Tally] = defaultdict(Tally)
 #: While examples are recorded, the tallies are also saved every this many seconds (see
 #: :func:`autosave`): a process killed before its summary keeps all but its last seconds.
@@ -153,7 +153,7 @@ def summary_lines() -> list[str]:
 
 
 def failure_groups() -> list[Group]:
-    """The failures in the tallies, grouped by cause (:func:`properties.causes.group`)."""
+    """The failures in the tallies, grouped by cause (:func:`harness.causes.group`)."""
     return group(Failure(k, p, t.last_failure) for (k, p), t in sorted(TALLIES.items()) if t.last_failure)
 
 
@@ -269,7 +269,7 @@ def begin(kernel: str, prop: str, problem: str, replay: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m properties.report TALLY.json...``: the merged table, then the failures by
+    """``python -m harness.report TALLY.json...``: the merged table, then the failures by
     cause; exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("tallies", nargs="+", help="files written by pytest --tally-json")

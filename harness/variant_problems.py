@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from flashprop.properties.problem import SINKS, KernelInputs, Problem
-from flashprop.properties.strategies import DEFAULT_SIZES, Sizes, problems
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.problem import SINKS, KernelInputs, Problem
+from flashprop.harness.strategies import DEFAULT_SIZES, Sizes, problems
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flashprop.properties.timebox import parse_duration
+from flashprop.harness.timebox import parse_duration
 
 pytestmark = pytest.mark.meta
 

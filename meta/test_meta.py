@@ -19,15 +19,15 @@ from pathlib import Path
 import flashprop.properties.test_error_contract as error_contract
 import pytest
 import torch
-from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities, Limit
-from flashprop.kernels.registry import Kernel, load_kernel, observe_outputs
+from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities, Limit
+from flashprop.contract.problem import DISTRIBUTIONS, LAYOUTS, Problem
+from flashprop.contract.registry import Kernel, load_kernel, observe_outputs
+from flashprop.harness.check import PropertyFailure, assert_close_to_golden, references, run_kernel
+from flashprop.harness.known_failures import KnownFailure, mark, parse
+from flashprop.harness.report import TALLIES
+from flashprop.harness.strategies import Sizes, problems, undeclared_problems
+from flashprop.harness.tolerance import compare
 from flashprop.kernels.sdpa import sdpa_flash
-from flashprop.properties.check import PropertyFailure, assert_close_to_golden, references, run_kernel
-from flashprop.properties.known_failures import KnownFailure, mark, parse
-from flashprop.properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
-from flashprop.properties.report import TALLIES
-from flashprop.properties.strategies import Sizes, problems, undeclared_problems
-from flashprop.properties.tolerance import compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention as blocked_attention
 from hypothesis import Phase, given, settings
@@ -67,7 +67,7 @@ def _floor_check(name: str, actual: torch.Tensor, expected: torch.Tensor, magnit
 
 
 def _magnitude(bound: torch.Tensor) -> float:
-    """A gradient's floor magnitude: the max of its absolute-value bound (as properties.check)."""
+    """A gradient's floor magnitude: the max of its absolute-value bound (as harness.check)."""
     return float(bound.max()) if bound.numel() else 0.0
 
 
@@ -172,7 +172,7 @@ def test_problems_parse_back_from_their_descriptions(p: Problem, scale: float | 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 def test_inputs_are_reproducible(dist: str):
     """A problem's tensors are a function of the problem: the kernel's call and the golden's
-    (properties.check.references) each build them, so any nondeterminism would compare the
+    (harness.check.references) each build them, so any nondeterminism would compare the
     kernel with the golden of other inputs. Size of the H200 failures this caused (spikes drawn
     at repeated positions, where a threaded index_put keeps either value)."""
     p = Problem(b=2, hq=3, hkv=1, nq=127, nk=127, d=200, dv=200, dtype=torch.float16, dist=dist)
@@ -261,7 +261,7 @@ def test_tolerance_flags_finite_lse_on_empty_rows():
 
 
 USER_KERNEL = '''
-from flashprop.kernels.capabilities import Capabilities
+from flashprop.contract.capabilities import Capabilities
 from flashprop.refimpl import attention_golden
 
 
@@ -423,7 +423,7 @@ def test_error_contract_catches_silent_wrong_answers(refuse: bool):
 
 def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Tallies of several processes (xdist workers, ci/gpu_check.py's calls) add up exactly."""
-    import flashprop.properties.report as report
+    import flashprop.harness.report as report
 
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
     monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
@@ -450,7 +450,7 @@ def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: p
     summary (a time limit, a crash) leaves them."""
     import json
 
-    import flashprop.properties.report as report
+    import flashprop.harness.report as report
 
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
     monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
@@ -491,7 +491,7 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch):
     """A variant's lock is held from before its compilation until after it; a compilation that
     raised releases at the next one; a waiter gives up after WAIT_SECONDS."""
-    import flashprop.properties.compile_locks as locks
+    import flashprop.harness.compile_locks as locks
 
     monkeypatch.setattr(locks, "WAIT_SECONDS", 0.2)
     a = {"specialization_data": '{"name": "k", "constants": {"BLOCK_M": 64}}'}
@@ -525,7 +525,7 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
 def test_compile_stats_lines_read_back_and_sum():
     """ci/gpu_check.py sums its runs' compile lines (each the sum of the run's xdist workers):
     the parser reads back what ``line()`` prints, and logs without a line are left out."""
-    from flashprop.properties.compile_locks import CompileStats, summary
+    from flashprop.harness.compile_locks import CompileStats, summary
 
     a = CompileStats(variants=12, waited=2, compile_seconds=30.4, wait_seconds=5.6)
     b = CompileStats(variants=3, waited=0, compile_seconds=7.0, wait_seconds=0.0)

@@ -9,7 +9,7 @@
   controller reads.
 - :func:`collect_node`: the controller merges each worker's tallies into the summary table
   (from the worker's output, or from its last saved tally if it died), adds its Triton compile
-  statistics to the controller's line (``properties/compile_locks.py``), and reports the example
+  statistics to the controller's line (``harness/compile_locks.py``), and reports the example
   a dead worker was running as a failure of that property, with the command that replays it.
 - :class:`Shard` (``--shards K``): each property test runs as K shards, shard ``i`` drawing its
   share of the property's examples with Hypothesis seed ``BASE + i`` (:func:`seed_base`), so K
@@ -36,8 +36,8 @@ from typing import NoReturn
 
 import hypothesis.core
 import pytest
-from flashprop.properties import compile_locks
-from flashprop.properties.report import autosave, merge_rows, note_cause, note_current, record, save_now
+from flashprop.harness import compile_locks
+from flashprop.harness.report import autosave, merge_rows, note_cause, note_current, record, save_now
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"

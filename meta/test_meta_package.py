@@ -59,11 +59,13 @@ def test_the_wheel_installs_only_the_flashprop_namespace(wheel: Path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert tops == {"flashprop"}, tops
-    for module in ("flashprop/kernels/capabilities.py", "flashprop/refimpl/golden.py",
+    for module in ("flashprop/contract/capabilities.py", "flashprop/refimpl/golden.py",
                    "flashprop/properties/test_variants.py", "flashprop/plugin.py", "flashprop/cli.py",
                    "flashprop/kernels/cuda/flash_fwd.cuh", "flashprop/benchmarks/bench_attention.py",
-                   "flashprop/benchmarks/conftest.py", "flashprop/benchmarks/gate.py"):
+                   "flashprop/benchmarks/conftest.py", "flashprop/benchmarks/gate.py",
+                   "flashprop/harness/check.py", "flashprop/contract/problem.py"):
         assert module in names, module
+    assert not any("test_meta" in n for n in names), "the suite's own tests (meta/) are not installed"
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry).decode()
     assert "[pytest11]" in text and "flashprop = flashprop.plugin" in text, text

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from flashprop.properties.problem import Problem
-from flashprop.properties.tolerance import budget
+from flashprop.contract.problem import Problem
+from flashprop.harness.tolerance import budget
 from flashprop.refimpl import attention_golden, attention_yardstick
 
 Golden = tuple[torch.Tensor, torch.Tensor]

@@ -45,9 +45,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.strategies import Sizes, problems
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import KernelInputs, Problem
+from flashprop.harness.strategies import Sizes, problems
 from hypothesis import assume
 from hypothesis import strategies as st
 

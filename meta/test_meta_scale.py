@@ -16,15 +16,14 @@ import math
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities
-from flashprop.kernels.registry import Kernel, load_kernel
-from flashprop.kernels.sdpa import sdpa_flash
-from flashprop.properties import scale_problems, test_huge
-from flashprop.properties.check import PropertyFailure
-from flashprop.properties.long_references import row_segments, yardstick_rows
-from flashprop.properties.problem import Problem
-from flashprop.properties.report import TALLIES
-from flashprop.properties.scale_problems import (
+from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel, load_kernel
+from flashprop.harness import scale_problems
+from flashprop.harness.check import PropertyFailure
+from flashprop.harness.long_references import row_segments, yardstick_rows
+from flashprop.harness.report import TALLIES
+from flashprop.harness.scale_problems import (
     AXES,
     BOUNDARY,
     SPREAD_LAYOUTS,
@@ -36,6 +35,8 @@ from flashprop.properties.scale_problems import (
     undeclared_reason,
     units,
 )
+from flashprop.kernels.sdpa import sdpa_flash
+from flashprop.properties import test_huge
 from flashprop.refimpl import attention_yardstick
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
@@ -234,7 +235,7 @@ def test_scale_error_contract_catches_wrong_answers(refuse: bool):
 def test_extent_and_check_elements():
     """A view's extent is first to last element of its storage; check_elements refuses a tensor,
     or an output, past the limit and names it."""
-    from flashprop.kernels.validate import check_elements, extent
+    from flashprop.contract.validate import check_elements, extent
 
     t = torch.empty(2, 3, 4, 5)
     assert extent(t) == t.numel() == extent(t.transpose(1, 2))

@@ -1,10 +1,10 @@
 """Failures grouped by cause: one root cause that takes down many properties is reported once.
 
-A failure report (:func:`properties.check.failure`) is ``property 'P' failed for kernel 'K'``,
+A failure report (:func:`harness.check.failure`) is ``property 'P' failed for kernel 'K'``,
 ``problem: Problem(...)``, the details, then the repro. Its *cause* is the first detail line that
 names one: ``the kernel raised <Type>: <message>``, ``the kernel refused a declared problem:
 ...``, ``declares returns_lse but returned only o``, a dead worker, or else its first
-``diagnosis:`` line (:mod:`properties.diagnosis`). Two failures of one kernel share a cause when
+``diagnosis:`` line (:mod:`harness.diagnosis`). Two failures of one kernel share a cause when
 those lines are equal once numbers and addresses are blanked (a kernel that fails to compile at
 one head dim, or raises the same error on every problem, gives one cause for every property it
 takes down, whatever the sizes in the message). Failures with no such line (outputs off the
@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from flashprop.properties.problem import Problem
+from flashprop.contract.problem import Problem
 
 #: Detail lines that name a cause, by their start (a dead worker's line contains ``died``).
 CAUSE_PREFIXES = (
@@ -33,7 +33,7 @@ CAUSE_PREFIXES = (
 )
 DIAGNOSIS_PREFIX = "diagnosis: "
 PROBLEM_PREFIX = "problem: "
-#: The line after the details (:func:`properties.check.failure`).
+#: The line after the details (:func:`harness.check.failure`).
 REPRO_PREFIX = "repro (run from"
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from flashprop.kernels.capabilities import ALL_DTYPES, Capabilities
-from flashprop.properties.problem import DISTRIBUTIONS, LAYOUTS, Problem
+from flashprop.contract.capabilities import ALL_DTYPES, Capabilities
+from flashprop.contract.problem import DISTRIBUTIONS, LAYOUTS, Problem
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 

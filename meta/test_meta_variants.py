@@ -13,11 +13,11 @@ import math
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from flashprop.properties.problem import Problem
-from flashprop.properties.strategies import Sizes
-from flashprop.properties.tolerance import budget
-from flashprop.properties.variant_problems import VARIANTS, variant_problems
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.problem import Problem
+from flashprop.harness.strategies import Sizes
+from flashprop.harness.tolerance import budget
+from flashprop.harness.variant_problems import VARIANTS, variant_problems
 from flashprop.refimpl import attention_golden, attention_golden_backward
 from flashprop.refimpl.layouts import kvcache_golden, varlen_golden, varlen_golden_backward
 from hypothesis import given, settings

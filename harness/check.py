@@ -2,7 +2,7 @@
 
 Every property is a function ``check(kernel, problem)`` that raises :class:`PropertyFailure`
 with :func:`failure`'s message. :func:`run_property` drives it with Hypothesis, so failures are
-shrunk to a minimal problem, and keeps the per-property tallies of :mod:`properties.report`.
+shrunk to a minimal problem, and keeps the per-property tallies of :mod:`harness.report`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties import timebox
-from flashprop.properties.campaign import current_shard, end_worker, stop_if_asked
-from flashprop.properties.diagnosis import diagnose
-from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.report import REPLAY_HEADER, TALLIES, begin, expect, noting, record
-from flashprop.properties.tolerance import Comparison, compare
+from flashprop.contract.problem import KernelInputs, Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness import timebox
+from flashprop.harness.campaign import current_shard, end_worker, stop_if_asked
+from flashprop.harness.diagnosis import diagnose
+from flashprop.harness.report import REPLAY_HEADER, TALLIES, begin, expect, noting, record
+from flashprop.harness.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
     kvcache_golden,

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flashprop.properties import campaign, report
+from flashprop.harness import campaign, report
 
 pytestmark = pytest.mark.meta
 
@@ -74,7 +74,7 @@ RECORDER = textwrap.dedent('''
     import json
     import os
 
-    from flashprop.properties.campaign import current_shard
+    from flashprop.harness.campaign import current_shard
     from flashprop.refimpl.blocked import attention as blocked
 
 

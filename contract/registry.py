@@ -15,10 +15,10 @@ To add a kernel adapter:
    ``(o, lse)``, or ``o`` alone, and refuses what it cannot do with ValueError, TypeError or
    NotImplementedError naming it. ``block_m`` / ``block_n`` keywords if it takes tile sizes.
 2. Declare what it supports: ``attention.capabilities = Capabilities(...)``
-   (``kernels/capabilities.py``: dtypes, devices, head dims, tiles, backward, variants, and each
+   (``contract/capabilities.py``: dtypes, devices, head dims, tiles, backward, variants, and each
    known limit as a ``Limit`` with its reason). Variants are keywords of ``attention`` and the
    entry points ``attention.varlen`` / ``attention.kvcache`` (``docs/variants.md``); check their
-   inputs with ``kernels/validate.py`` (``check_variants``, ``check_varlen``, ``check_decode``).
+   inputs with ``contract/validate.py`` (``check_variants``, ``check_varlen``, ``check_decode``).
 3. Give the callable or its module ``unavailable_reason()`` when it cannot run everywhere (no
    GPU, a package or a build missing).
 4. Register a name for it in :data:`BUILTIN` and add the name to the runs below that should
@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from flashprop.kernels.capabilities import FULL_SUPPORT, Capabilities
+from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities
 
 #: Registered names and the ``module:attr`` each stands for.
 BUILTIN: dict[str, str] = {

@@ -1,21 +1,21 @@
-"""Meta-tests of the fuzz report: failures grouped by cause (properties/causes.py), the table's
+"""Meta-tests of the fuzz report: failures grouped by cause (harness/causes.py), the table's
 asked examples and skip reasons, the markdown summary, merged tallies of older runs, and the
-time box's probe that counts only the tests that draw examples (properties/timebox.py)."""
+time box's probe that counts only the tests that draw examples (harness/timebox.py)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-import flashprop.properties.report as report
+import flashprop.harness.report as report
 import pytest
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.kernels.registry import Kernel
-from flashprop.properties import timebox
-from flashprop.properties.causes import Failure, group, normalize
-from flashprop.properties.check import failure
-from flashprop.properties.problem import Problem
-from flashprop.properties.report import Tally
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness import timebox
+from flashprop.harness.causes import Failure, group, normalize
+from flashprop.harness.check import failure
+from flashprop.harness.report import Tally
 
 pytestmark = pytest.mark.meta
 
@@ -116,7 +116,7 @@ def test_the_table_shows_asked_examples_causes_and_skip_reasons(tallies):
 
 def test_tallies_of_older_runs_merge_and_skips_add_up(tallies, tmp_path: Path, capsys):
     """Rows without ``asked`` (written before it existed) merge; asked examples and skip reasons
-    of several processes add up; ``python -m properties.report`` prints the failures by cause."""
+    of several processes add up; ``python -m harness.report`` prints the failures by cause."""
     old = {"kernel": "k", "property": "forward", "passed": 2, "refused": 0, "failed": 0, "seconds": 1.0,
            "last_failure": None, "skipped": []}
     new = {**old, "failed": 1, "asked": 3, "skipped": ["time box"],

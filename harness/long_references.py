@@ -1,6 +1,6 @@
 """References at long sequence lengths: the float64 golden on the device, the yardstick by rows.
 
-At N = 128k the references of :mod:`properties.check` do not fit: the golden streams over key
+At N = 128k the references of :mod:`harness.check` do not fit: the golden streams over key
 chunks (O(B Hq Nq chunk) memory, :mod:`refimpl.golden`) but the yardstick
 (:mod:`refimpl.yardstick`) materialises every score, 32 GiB a head in fp16. Each query row's
 softmax depends on that row and the keys only, so the yardstick's o, lse and dQ of a block of
@@ -16,8 +16,8 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
-from flashprop.properties.check import Outputs, yardstick_precision
-from flashprop.properties.tolerance import Comparison, compare
+from flashprop.harness.check import Outputs, yardstick_precision
+from flashprop.harness.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.masks import causal_offset
 
@@ -134,7 +134,7 @@ def golden_on_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
 def judge_long(out: Outputs, golden: Outputs, yard: Outputs, dtype: torch.dtype,
                names: tuple[str, ...]) -> list[Comparison]:
     """The tolerance model on each named tensor the yardstick has (as
-    :func:`properties.check.judge`: gradients' floors from the golden's bounds, the logit-size
+    :func:`harness.check.judge`: gradients' floors from the golden's bounds, the logit-size
     term from max|lse|)."""
     finite = golden.lse[torch.isfinite(golden.lse)]
     logit_size = float(finite.abs().max()) if finite.numel() else 0.0

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flashprop.properties.problem import Problem
+    from flashprop.contract.problem import Problem
 
 CausalAlignment = Literal["bottom-right", "top-left"]
 

@@ -1,14 +1,14 @@
-"""Meta-tests of the failure diagnoses (properties/diagnosis.py): a kernel with each convention
+"""Meta-tests of the failure diagnoses (harness/diagnosis.py): a kernel with each convention
 bug fails the forward property, and the report names the convention and the fix."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from flashprop.kernels.capabilities import Capabilities
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import PropertyFailure, assert_close_to_golden, run_kernel
-from flashprop.properties.problem import Problem
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import PropertyFailure, assert_close_to_golden, run_kernel
 from flashprop.refimpl import attention_golden
 
 pytestmark = pytest.mark.meta

@@ -334,8 +334,8 @@ class Problem:
         )
         lines = [
             "import torch",
-            "from flashprop.kernels import load_kernel",
-            "from flashprop.properties.problem import Problem",
+            "from flashprop.contract.registry import load_kernel",
+            "from flashprop.contract.problem import Problem",
             "from flashprop.refimpl import attention_golden",
             f"p = {self.constructor()}",
             f"q, k, v = p.inputs(requires_grad={backward})",

@@ -7,9 +7,9 @@ triangle inequality
     max|X_a - X_b|  <=  max|X_a - g_a| + max|g_a - g_b| + max|g_b - X_b|
                     <=  budget_a(X) + budget_b(X)      (+ the goldens' own float64 rounding)
 
-where each ``budget`` is ``properties.tolerance.budget``: r times the yardstick's error on that
+where each ``budget`` is ``harness.tolerance.budget``: r times the yardstick's error on that
 run's inputs plus the floor of that run's magnitudes. No new tolerance is invented here: the
-budgets are the ones :func:`properties.check.assert_close_to_golden` applies to each run alone.
+budgets are the ones :func:`harness.check.assert_close_to_golden` applies to each run alone.
 
 Exact requirements come first: a NaN in either run fails (the golden never has one), and inf
 entries (lse of empty rows) must sit at the same places with the same value in both runs.
@@ -18,8 +18,9 @@ entries (lse of empty rows) must sit at the same places with the same value in b
 from __future__ import annotations
 
 import torch
-from flashprop.kernels.registry import Kernel
-from flashprop.properties.check import (
+from flashprop.contract.problem import KernelInputs, Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import (
     REFERENCES,
     Outputs,
     PropertyFailure,
@@ -27,8 +28,7 @@ from flashprop.properties.check import (
     reference_for,
     yardstick_precision,
 )
-from flashprop.properties.problem import KernelInputs, Problem
-from flashprop.properties.tolerance import budget
+from flashprop.harness.tolerance import budget
 
 #: Forward tensors the metamorphic properties compare.
 FORWARD = ("o", "lse")
@@ -132,7 +132,7 @@ def pairs(a: Outputs, b: Outputs, a_index: Index = (), b_index: Index = ()) -> l
 
 def assert_agree(kernel: Kernel, problem: Problem, prop: str, what: str,
                  compared: list[Pair], limits: dict[str, float]) -> None:
-    """Fail with :func:`properties.check.failure` unless each compared ``(name, a, b)`` agrees within
+    """Fail with :func:`harness.check.failure` unless each compared ``(name, a, b)`` agrees within
     ``limits[name]``; pairs with a ``None`` side (a kernel without lse) are skipped."""
     bad = [msg for name, a, b in compared if a is not None and b is not None
            if (msg := disagreement(name, a, b, limits[name])) is not None]
