@@ -30,8 +30,9 @@ table of the examples it ran, which the report counts; its phase fails.
 OUTDIR gets at most 8 files: ``report.md`` (the phases with exit codes and seconds, the merged
 per-property tables, the gate table, the benchmark table), ``properties.log`` and ``fuzz.log``
 (every pytest run's output), ``bench.json``, ``bench.md``, ``bench.png``, ``bench.log``, and the
-new baseline when one was written. Exit status: 0 all passed, 1 a phase failed, 2 cannot run
-(no CUDA device, a setting it cannot use).
+new baseline when one was written; ``report.md`` is written after each phase, and on Ctrl-C (or
+a time limit's SIGINT) with the phase that was running reported as exit 130. Exit status: 0 all
+passed, 1 a phase failed or was interrupted, 2 cannot run (no CUDA device, a setting it cannot use).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from gpu_bench import BenchPhase, gate
 from gpu_runs import State, build_cuda_kernel, fuzz_runs, property_runs, run_phase, sources_hash
-from gpu_settings import ROOT, Config, SettingError, say
+from gpu_settings import PHASES, ROOT, Config, SettingError, say
+
+#: The exit status a phase is reported with when the driver was interrupted while it ran.
+INTERRUPTED = 130
 
 
 def device_line(device: str) -> str:
@@ -130,22 +134,28 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     if cfg.device == "cuda" and "cuda" in [run.kernel for phase_runs in runs.values() for run in phase_runs]:
         build_cuda_kernel()
     deadline = time.monotonic() + cfg.pool_seconds
+    report = cfg.out / "report.md"
+    current, start = None, time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         parts = Path(tmp)
-        for phase in ("properties", "fuzz"):
-            if phase in cfg.phases:
+        try:
+            for current in [phase for phase in PHASES if phase in cfg.phases]:
                 start = time.monotonic()
-                code, sections[phase] = run_phase(cfg, phase, runs[phase], parts, state, deadline)
-                phases[phase] = (code, time.monotonic() - start)
-                say(f"phase {phase} exit {code} after {phases[phase][1]:.0f} s")
-        if "benchmarks" in cfg.phases:
-            start = time.monotonic()
-            phases["benchmarks"] = (BenchPhase(cfg, parts).run(), time.monotonic() - start)
-        if "gate" in cfg.phases:
-            start = time.monotonic()
-            code, gate_text = gate(cfg, parts)
-            phases["gate"] = (code, time.monotonic() - start)
-    (cfg.out / "report.md").write_text(report_text(cfg, device, phases, sections, gate_text))
+                if current in ("properties", "fuzz"):
+                    code, sections[current] = run_phase(cfg, current, runs[current], parts, state, deadline)
+                elif current == "benchmarks":
+                    code = BenchPhase(cfg, parts).run()
+                else:
+                    code, gate_text = gate(cfg, parts)
+                phases[current] = (code, time.monotonic() - start)
+                say(f"phase {current} exit {code} after {phases[current][1]:.0f} s")
+                # after each phase, so that a driver killed later leaves the phases it finished
+                report.write_text(report_text(cfg, device, phases, sections, gate_text))
+        except KeyboardInterrupt:  # Ctrl-C, or a time limit's SIGINT: the report of what finished
+            if current is not None:
+                phases[current] = (INTERRUPTED, time.monotonic() - start)
+                say(f"phase {current} interrupted after {phases[current][1]:.0f} s")
+        report.write_text(report_text(cfg, device, phases, sections, gate_text))
     say(f"report in {cfg.out / 'report.md'}")
     failed = [f"{name} exit {code}" for name, (code, _) in phases.items() if code != 0]
     say(f"FAILED ({', '.join(failed)})" if failed else "all phases passed")

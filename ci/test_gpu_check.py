@@ -146,6 +146,20 @@ def test_a_run_past_the_deadline_is_not_started(tmp_path: Path):
         tmp_path / "properties.sdpa-math.log").read_text()
 
 
+def test_an_interrupted_call_reports_the_phases_it_finished(tmp_path: Path, monkeypatch):
+    """Ctrl-C (or a time limit's SIGINT) during the benchmarks: report.md still has the property
+    phase's table, and the benchmarks as interrupted (exit 130); the call fails."""
+
+    def interrupted(self) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_check.BenchPhase, "run", interrupted)
+    code, report = call(tmp_path, "--kernels", "sdpa-math@2", "--phases", "properties benchmarks gate")
+    assert code == 1
+    assert "| properties | 0 |" in report and "| benchmarks | 130 |" in report and "| gate |" not in report
+    assert ("sdpa-math", "forward", "2") in table_rows(report)
+
+
 def test_benchmark_chunks_take_the_gpus_in_turn_and_merge_in_grid_order(tmp_path: Path):
     gpu_chunks = ["d64-bf16", "d64-fp16", "d128-bf16", "d128-fp16", "memory"]
     assert gpu_bench.chunks_per_gpu(gpu_chunks, ["0", "1"]) == [
