@@ -118,23 +118,23 @@ def far_end(caps: Capabilities, device: str) -> list[Problem]:
     """The far end of the device's range, run before the drawn problems (which start, as every
     Hypothesis run does, at the simplest one: Nq = Nk = the shortest N): Nq = Nk = the longest
     N with a GQA group of 2, and Nq about a quarter of Nk with four query heads on one kv head
-    (neither a multiple of a tile: the bottom-right diagonal lies off the tile grid); causal
-    where declared, the larger head dim whose work fits the device's budget. Those ``caps``
-    does not declare are left out."""
+    (neither a multiple of a tile: the bottom-right diagonal lies off the tile grid); causal,
+    the larger head dim whose work fits the device's budget. Where ``caps`` does not declare
+    one, the first it declares of: without GQA, not causal, neither."""
     limits = LONG[device]
     hi = limits["n"][1]
     dtype = next((t for t in FAR_END_DTYPES[device] if t in caps.dtypes), None)
-    group = 2 if caps.gqa else 1
-    shapes = ((hi, hi, group, 1), (hi // 4 + 1, hi - 3, 4 if caps.gqa else 1, 1))
     ladder = []
-    for nq, nk, hq, hkv in shapes:
-        dims = [d for d in HEAD_DIMS if d in caps.head_dims and hq * nq * nk * d <= limits["work"]]
-        if dtype is None or not dims:
-            continue
-        p = Problem(b=1, hq=hq, hkv=hkv, nq=nq, nk=nk, d=max(dims), dv=max(dims), dtype=dtype,
-                    causal=caps.causal, device=device, seed=len(ladder) + 1)
-        if caps.unsupported_reason(p) is None:
-            ladder.append(p)
+    for nq, nk, group in ((hi, hi, 2), (hi // 4 + 1, hi - 3, 4)):
+        for causal, hq in ((True, group), (True, 1), (False, group), (False, 1)):
+            dims = [d for d in HEAD_DIMS if d in caps.head_dims and hq * nq * nk * d <= limits["work"]]
+            if dtype is None or not dims:
+                continue
+            p = Problem(b=1, hq=hq, hkv=1, nq=nq, nk=nk, d=max(dims), dv=max(dims), dtype=dtype,
+                        causal=causal, device=device, seed=len(ladder) + 1)
+            if caps.unsupported_reason(p) is None:
+                ladder.append(p)
+                break
     return ladder
 
 
