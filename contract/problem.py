@@ -4,7 +4,7 @@ A :class:`Problem` is cheap to draw and to shrink: tensors are made from it by t
 ``seed`` (on the CPU, in float32 or float64, then cast and moved), so the same problem gives the
 same tensors on every machine. :meth:`Problem.repro` prints the few lines that rebuild it.
 
-Layouts (every one a legal input, DESIGN.md):
+Layouts (every one a legal input: the contract takes any strides):
     contiguous   dense, inside a NaN-filled allocation (reads past either end give NaN)
     transposed   stored (B, N, H, D) and viewed as (B, H, N, D)
     sliced       a view into a larger NaN-filled buffer: NaN neighbours in every dimension

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 #: Head dims worth trying first: odd, non-power-of-two and the common ones.
 FAVOURITE_HEAD_DIMS = (1, 8, 16, 24, 32, 40, 64, 72, 80, 96, 128, 200, 256)
-#: Head dims no kernel claims by default (DESIGN.md: 1..256).
+#: Head dims no kernel claims by default (the contract's head dims are 1..256: capabilities.py).
 OVERSIZED_HEAD_DIMS = (257, 264, 288, 320, 512)
 _DTYPE_ORDER = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 

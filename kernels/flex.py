@@ -1,6 +1,6 @@
 """Adapter for FlexAttention (``torch.nn.attention.flex_attention``), compiled, on CUDA.
 
-Causal masking is a ``mask_mod`` with DESIGN.md's bottom-right alignment
+Causal masking is a ``mask_mod`` with the contract's bottom-right alignment
 (``kv_idx <= q_idx + Nk - Nq``), so Flex is judged by the same convention as the fused kernels.
 It returns the lse (``return_lse=True``; natural log).
 

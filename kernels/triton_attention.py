@@ -18,7 +18,7 @@ The backward (FlashAttention-2) recomputes P = exp(S - lse) tile by tile:
 
 (the dlse term makes lse differentiable too: d lse_i / d s_ij = P_ij).
 
-Conventions (the flashprop kernel contract, DESIGN.md):
+Conventions (the flashprop kernel contract: the README's conventions table):
 
 * q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); any strides (strides are passed to
   the kernels, nothing is made contiguous); Dv may differ from D; D, Dv in 1..256 (tiles are

@@ -19,7 +19,7 @@ accumulator behind one dominant key (mutant ratios down to 1.4), so the problems
 default scale, flat softmaxes and the smallest key tile a kernel declares (the most accumulation
 steps). MEAN_RATIO = 2.25 sits between the two.
 
-The contract (DESIGN.md) also fixes lse's dtype: float32 for 16-bit and float32 inputs. An lse
+The contract (the README's conventions) also fixes lse's dtype: float32 for 16-bit and float32 inputs. An lse
 saved in the input dtype feeds the backward's P = exp(S - lse) a rounded lse.
 """
 
