@@ -213,7 +213,7 @@ def test_fuzz_calls_add_up_with_distinct_seeds_and_a_wrong_kernel_fails(tmp_path
                         *fuzz, FLASHPROP_GPU_JOBS="1", FLASHPROP_GPU_REPLAYS="1")
     assert code == 1, report
     assert "| properties | 1 |" in report and "| fuzz | 0 |" in report
-    assert "property 'forward' failed" in report and "repro (run from the flashprop root)" in report
+    assert "property 'forward' failed" in report and "repro (a Python script" in report
     assert "forward: reproduces (1 of 1 failed: failed)" in report
     this_call, every_call = report.split("## fuzz:")[1].split("every fuzz call")
     assert "--hypothesis-seed 2" in (tmp_path / "b" / "fuzz.log").read_text()

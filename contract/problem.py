@@ -328,7 +328,8 @@ class Problem:
         return "Problem(" + ", ".join(parts) + ")"
 
     def repro(self, kernel: str, *, backward: bool = False) -> str:
-        """Copy-paste Python (run from the flashprop root) that rebuilds the tensors and calls the kernel."""
+        """Python (a script, run from the folder the kernel spec is relative to) that rebuilds the
+        tensors and calls the kernel."""
         tiles = "".join(
             f", {name}={val}" for name, val in (("block_m", self.block_m), ("block_n", self.block_n)) if val
         )

@@ -14,6 +14,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from flashprop.contract.registry import Kernel
 from flashprop.harness import timebox
 from flashprop.harness.campaign import current_shard, end_worker, stop_if_asked
 from flashprop.harness.diagnosis import diagnose
-from flashprop.harness.report import REPLAY_HEADER, TALLIES, begin, expect, noting, record
+from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, TALLIES, begin, expect, noting, record
 from flashprop.harness.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
@@ -78,7 +79,7 @@ def failure(
         f"property {prop!r} failed for kernel {kernel.name!r}",
         f"problem: {problem.describe()}",
         *details,
-        "repro (run from the flashprop root):",
+        REPRO_HEADER,
         *("    " + line for line in problem.repro(kernel.name, backward=backward).splitlines()),
         REPLAY_HEADER,
         "    " + replay_command(kernel.name, prop, problem),
@@ -88,16 +89,18 @@ def failure(
 
 def replay_command(kernel: str, prop: str, problem: Problem) -> str:
     """The command that runs property ``prop`` on ``problem`` only (``--replay``): pytest aimed
-    at the running test function (from ``PYTEST_CURRENT_TEST``) when its file is in the
-    working tree, else (flashprop installed, tests collected with ``--pyargs``) the ``flashprop
-    replay`` command, which works from any folder with the user's python."""
+    at the running test function (from ``PYTEST_CURRENT_TEST``) when its file is reachable from
+    the working folder (a checkout), else (flashprop installed, its tests collected with
+    ``--pyargs``: their node ids are relative to the installed package) the ``flashprop replay``
+    command, which works from any folder with the user's python."""
     current = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("[")[0]
+    target = current or "properties"
     arg = f"{prop}:{problem.describe()}"
     quoted = f'"{arg}"' if not set(arg) & set('"$`\\!') else shlex.quote(arg)  # readable quoting
-    if current.startswith("::") or "site-packages" in current:
+    if target.startswith("::") or not Path(target.split("::")[0]).exists():
         return f"python -m flashprop.cli replay {shlex.quote(kernel)} {quoted} --device {problem.device}"
     return (
-        f"python -m pytest {current or 'properties'} -q -p no:cacheprovider "
+        f"python -m pytest {target} -q -p no:cacheprovider "
         f"--kernel {shlex.quote(kernel)} --device {problem.device} --replay {quoted}"
     )
 

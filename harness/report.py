@@ -20,6 +20,9 @@ OUTCOMES = ("passed", "refused", "failed")
 #: The line of a failure report after which comes the command that replays it alone
 #: (written by harness.check.failure, read by ci/replay_failures.py).
 REPLAY_HEADER = "replay this property on this problem alone:"
+#: The line above a failure's repro: a script that runs wherever flashprop imports, from the
+#: folder the run started in (a kernel spec given as a path is relative to it).
+REPRO_HEADER = "repro (a Python script; run it from the folder this run started in):"
 #: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
 

@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER
 
 from flashprop.cli import main
 
@@ -110,6 +111,24 @@ def test_flashprop_fuzz_exit_status_and_reports(installed: dict[str, str], tmp_p
         assert "properties: backward, forward" in tail, run.stdout
         assert "no kernel compiled" in (tmp_path / "tb.txt").read_text()
         assert "### Failures by cause" in summary and "2 of 2 properties failed" in summary
+        _the_repro_and_the_replay_run_here(run.stdout, tmp_path, installed)
+
+
+def _the_repro_and_the_replay_run_here(report: str, folder: Path, env: dict[str, str]) -> None:
+    """The failure's repro, saved as a file, and its replay command both run from the user's
+    folder with the user's python (no checkout there): each reproduces the kernel's error."""
+    lines = report.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == REPRO_HEADER)
+    end = next(i for i in range(start, len(lines)) if lines[i].strip() == REPLAY_HEADER)
+    (folder / "repro.py").write_text(textwrap.dedent("\n".join(lines[start + 1:end])))
+    repro = subprocess.run([sys.executable, "repro.py"], cwd=folder, capture_output=True, text=True,
+                           timeout=300, env=env)
+    assert "no kernel compiled for head dim" in repro.stderr, repro.stdout + repro.stderr
+    command = lines[end + 1].strip()
+    assert command.startswith("python -m flashprop.cli replay"), command  # no test file lies here
+    replay = subprocess.run(command.replace("python", sys.executable, 1), shell=True, cwd=folder,
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert replay.returncode == 1 and "no kernel compiled" in replay.stdout, replay.stdout + replay.stderr
 
 
 def test_flashprop_bench_times_a_kernel_from_the_installed_package(installed: dict[str, str], tmp_path: Path):

@@ -39,7 +39,7 @@ from flashprop.harness.check import (
     run_kernel,
     run_property,
 )
-from flashprop.harness.report import REPLAY_HEADER
+from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER
 from flashprop.harness.scale_problems import (
     AXES,
     ROW_BLOCK_ALIGN,
@@ -102,7 +102,7 @@ def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inp
         f"property {prop!r} failed for kernel {kernel.name!r}",
         f"problem: {p.describe()}",
         *details,
-        "repro (run from the flashprop root):",
+        REPRO_HEADER,
         "    import torch",
         "    from flashprop.contract.registry import load_kernel",
         "    from flashprop.contract.problem import Problem",
