@@ -263,3 +263,25 @@ def test_triton_widens_row_offsets_only_past_int32():
     rows_apart = torch.empty(BOUNDARY + 64, dtype=torch.float16, device="meta").as_strided(
         (1, 1, 45, 72), (0, 0, BOUNDARY // 44, 1))  # a spread-rows q: one slice, rows 2^31 / 44 apart
     assert wide_rows(q, rows_apart)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_long_golden_far_end_is_the_end_of_the_range_and_declared(device: str):
+    """The far end runs the longest N (Nq = Nk) and Nq about Nk / 4, causal with GQA for a kernel
+    that declares both, within the device's work budget; for one declaring neither GQA nor
+    causal it falls back to one kv head per query head, not causal; for one declaring no long
+    head dim or dtype, nothing."""
+    from flashprop.contract.capabilities import Limit
+    from flashprop.properties.test_long_golden import LONG, far_end
+
+    hi, work = LONG[device]["n"][1], LONG[device]["work"]
+    full = far_end(FULL_SUPPORT, device)
+    assert [(p.nq, p.nk) for p in full] == [(hi, hi), (hi // 4 + 1, hi - 3)]
+    for p in full:
+        assert p.causal and p.hq > p.hkv == 1 and p.b * p.hq * p.nq * p.nk * p.d <= work
+        assert FULL_SUPPORT.unsupported_reason(p) is None
+    no_gqa_causal = Capabilities(limits=(Limit("no GQA when causal", lambda p: p.causal and p.hq != p.hkv),))
+    plain = Capabilities(gqa=False, causal=False)
+    assert [(p.causal, p.hq) for p in far_end(no_gqa_causal, device)] == [(True, 1), (True, 1)]
+    assert [(p.causal, p.hq) for p in far_end(plain, device)] == [(False, 1), (False, 1)]
+    assert far_end(Capabilities(head_dims=range(1, 33)), device) == []
