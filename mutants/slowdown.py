@@ -1,6 +1,7 @@
-"""A pytest plugin that slows the ``triton`` kernel on purpose, to show the bench gate catching it.
+"""A planted slowdown: a pytest plugin that slows the ``triton`` kernel on purpose, to show the
+bench gate catching it (the performance counterpart of the planted bugs in ``catalogue.py``).
 
-    python -m pytest benchmarks/bench_attention.py -p ci.slowdown ... --benchmark-json slow.json
+    python -m pytest benchmarks/bench_attention.py -p mutants.slowdown ... --benchmark-json slow.json
     python ci/bench_gate.py ci/baselines/h200.json slow.json      # must exit 1 with a table
 
 On a GPU every call is forced onto 16 x 16 tiles (no autotuning): the kernel stays correct and

@@ -4,9 +4,12 @@ round, needs a GPU: ci/gpu_check.py runs it)."""
 
 from __future__ import annotations
 
-from .report import grid_table, split_table
-from .schema import Row, rows
-from .timing import RoundSetup, warm_up
+import pytest
+from flashprop.benchmarks.report import grid_table, split_table
+from flashprop.benchmarks.schema import Row, rows
+from flashprop.benchmarks.timing import RoundSetup, warm_up
+
+pytestmark = pytest.mark.meta
 
 
 def _info(median_s: float, host_s: float | None, **extra) -> Row:

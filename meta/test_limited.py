@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ci"))  # the scripts under test
 
 import limited
+
+pytestmark = pytest.mark.meta
 
 SWALLOWER = """
 import sys, time

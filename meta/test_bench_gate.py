@@ -8,9 +8,13 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ci"))  # the scripts under test
 
 import bench_gate
+
+pytestmark = pytest.mark.meta
 
 
 def _run(path: Path, ratios: dict[str, float], timing: str | None = None) -> Path:

@@ -5,7 +5,7 @@ real processes, on one property: two fuzz calls that add up (the first over two 
 the second also runs a wrong kernel's property run, which fails and is replayed), then the
 benchmarks with the gate, and the gate alone against a faster baseline.
 
-    python -m pytest ci/test_gpu_check.py
+    python -m pytest meta/test_gpu_check.py
 """
 
 from __future__ import annotations
@@ -17,12 +17,14 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ci"))  # the scripts under test
 
 import gpu_bench
 import gpu_check
 import gpu_runs
 from gpu_settings import Config, SettingError
+
+pytestmark = pytest.mark.meta
 
 FORWARD = "properties/test_golden.py::test_forward_matches_golden"
 #: A kernel with an indexing bug that raises on every problem: its examples cost nothing, so

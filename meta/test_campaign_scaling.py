@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ci"))  # the scripts under test
 
 import campaign_scaling
+
+pytestmark = pytest.mark.meta
 
 ROOT = Path(__file__).resolve().parent.parent
 
