@@ -7,5 +7,6 @@
 name what a failure looks like and group failures by cause; ``report.py`` keeps the
 per-property tallies; ``campaign.py`` the xdist workers, shards and stop signals;
 ``timebox.py`` the time box; ``known_failures.py`` the expected-failure file;
-``compile_locks.py`` Triton's compile locks across processes.
+``compile_locks.py`` Triton's compile locks across processes; ``fixed_cases.py`` the one-call
+GPU check on fixed cases that the kernels' own scripts (``kernels/*/gpu_check.py``) run.
 """

@@ -3,7 +3,7 @@ bitwise determinism, kernel-specific checks, then the benchmark grid against SDP
 
 The kernels' own scripts run it (``kernels/triton_notes/gpu_check.py``,
 ``kernels/cuda/gpu_check.py``), each with its cases and its extra checks. Each case is a
-:class:`properties.problem.Problem` on the GPU: its ``layout`` puts the inputs in NaN-filled
+:class:`contract.problem.Problem` on the GPU: its ``layout`` puts the inputs in NaN-filled
 memory (``contiguous``, ``sliced``) or in other strides (``transposed``, ``strided``), so that a
 read out of bounds shows up as NaN. Judged, per case:
 
@@ -45,7 +45,7 @@ from flashprop.contract.registry import BENCH_ANCHORS, Kernel, load_kernel
 from flashprop.harness.tolerance import compare
 from flashprop.refimpl import attention_yardstick, visible_mask
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # the checkout (the benchmarks run from it)
 NAMES = ("o", "lse", "dq", "dk", "dv")
 #: The lse gradient is drawn N(0, DLSE_SCALE^2), from the problem's seed + 3.
 DLSE_SCALE = 0.1
