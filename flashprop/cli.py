@@ -73,8 +73,13 @@ def fuzz(ns: argparse.Namespace) -> int:
 
 
 def replay(ns: argparse.Namespace) -> int:
-    """Run one property on one problem, as a failure report prints it."""
-    args = ["--pyargs", PACKAGE, "-q", "-m", "not meta", "--kernel", ns.kernel, "--replay", ns.problem]
+    """Run one property on one problem, as a failure report prints it; ``--test MODULE::FUNCTION``
+    (the report gives it) collects only that property test."""
+    module, _, function = (ns.test or "").partition("::")
+    args = ["--pyargs", f"{PACKAGE}.{module}" if module else PACKAGE, "-q", "-m", "not meta",
+            "--kernel", ns.kernel, "--replay", ns.problem]
+    if function:
+        args += ["-k", function]
     if ns.device:
         args += ["--device", ns.device]
     return _pytest(args)
@@ -174,6 +179,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("kernel")
     r.add_argument("problem", metavar="PROPERTY:Problem(...)")
     r.add_argument("--device", choices=("cpu", "cuda"))
+    r.add_argument("--test", metavar="MODULE::FUNCTION",
+                   help="the property test to collect, e.g. test_golden::test_forward_matches_golden [all]")
     r.set_defaults(run=replay)
     b = sub.add_parser("bench", help="time kernels on the benchmark grid (needs pytest-benchmark)",
                        description=bench.__doc__)

@@ -386,10 +386,15 @@ def sizes(request: pytest.FixtureRequest, device: str):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A signal that asked the run to stop, and whose KeyboardInterrupt was lost, stops it here."""
+    """A signal that asked the run to stop, and whose KeyboardInterrupt was lost, stops it here;
+    the test's module and function are noted for the replay commands of its failures."""
+    from flashprop.harness import check
     from flashprop.harness.campaign import stop_if_asked
 
     stop_if_asked()
+    module = getattr(item, "module", None)
+    check.RUNNING_TEST = (f"{module.__name__.rpartition('.')[2]}::{item.originalname}"
+                          if module is not None and hasattr(item, "originalname") else None)
 
 
 @pytest.hookimpl(wrapper=True)

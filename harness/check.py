@@ -98,13 +98,18 @@ def replay_command(kernel: str, prop: str, problem: Problem) -> str:
     arg = f"{prop}:{problem.describe()}"
     quoted = f'"{arg}"' if not set(arg) & set('"$`\\!') else shlex.quote(arg)  # readable quoting
     if target.startswith("::") or not Path(target.split("::")[0]).exists():
-        return f"python -m flashprop.cli replay {shlex.quote(kernel)} {quoted} --device {problem.device}"
+        test = f" --test {RUNNING_TEST}" if RUNNING_TEST else ""
+        return (f"python -m flashprop.cli replay {shlex.quote(kernel)} {quoted} "
+                f"--device {problem.device}{test}")
     return (
         f"python -m pytest {target} -q -p no:cacheprovider "
         f"--kernel {shlex.quote(kernel)} --device {problem.device} --replay {quoted}"
     )
 
 
+#: The running property test as ``MODULE::FUNCTION`` (set by the plugin as each test starts): a
+#: replay outside a checkout collects that test alone (``flashprop replay --test``).
+RUNNING_TEST: str | None = None
 #: Set by ``--replay PROPERTY:Problem(...)``: run only that property, on only that problem.
 REPLAY: tuple[str, Problem] | None = None
 #: Settings the command line sets over the loaded profile (``--max-examples``, ``--example-db``),
