@@ -75,11 +75,8 @@ def fuzz(ns: argparse.Namespace) -> int:
 def replay(ns: argparse.Namespace) -> int:
     """Run one property on one problem, as a failure report prints it; ``--test MODULE::FUNCTION``
     (the report gives it) collects only that property test."""
-    module, _, function = (ns.test or "").partition("::")
-    args = ["--pyargs", f"{PACKAGE}.{module}" if module else PACKAGE, "-q", "-m", "not meta",
-            "--kernel", ns.kernel, "--replay", ns.problem]
-    if function:
-        args += ["-k", function]
+    target = f"{PACKAGE}.{ns.test}" if ns.test else PACKAGE  # --pyargs takes MODULE::FUNCTION
+    args = ["--pyargs", target, "-q", "-m", "not meta", "--kernel", ns.kernel, "--replay", ns.problem]
     if ns.device:
         args += ["--device", ns.device]
     return _pytest(args)

@@ -98,7 +98,7 @@ def replay_command(kernel: str, prop: str, problem: Problem) -> str:
     arg = f"{prop}:{problem.describe()}"
     quoted = f'"{arg}"' if not set(arg) & set('"$`\\!') else shlex.quote(arg)  # readable quoting
     if target.startswith("::") or not Path(target.split("::")[0]).exists():
-        test = f" --test {RUNNING_TEST}" if RUNNING_TEST else ""
+        test = f" --test {RUNNING_TEST}" if current and RUNNING_TEST else ""  # only inside that test
         return (f"python -m flashprop.cli replay {shlex.quote(kernel)} {quoted} "
                 f"--device {problem.device}{test}")
     return (

@@ -250,6 +250,13 @@ def _huge_budget(device: str) -> int:
     return budget
 
 
+def _limited_to_int32(kernel: Kernel) -> bool:
+    """Whether ``kernel`` declares a ``max_elements`` below 2^31: every huge problem and spread
+    view holds more, and test_scale_error_contract checks that it refuses them."""
+    limit = kernel.capabilities.max_elements
+    return limit is not None and limit < 2**31
+
+
 def huge_skip_reason(kernel: Kernel, device: str, axis: str) -> str | None:
     """Why test_huge_independence does not run ``kernel`` on ``device`` along ``axis``, if it
     does not: no GPU, an undeclared variant, or a declared ``max_elements`` below 2^31 (every
@@ -260,7 +267,7 @@ def huge_skip_reason(kernel: Kernel, device: str, axis: str) -> str | None:
                 "problem) are for a GPU; on the CPU test_spread_layouts reaches the same offsets")
     if axis == "varlen" and not caps.varlen:
         return f"kernel {kernel.name} does not declare varlen"
-    if caps.max_elements is not None and caps.max_elements < 2**31:
+    if _limited_to_int32(kernel):
         return (f"kernel {kernel.name} declares max_elements={caps.max_elements}: its refusal of "
                 "problems past it is test_scale_error_contract's")
     return None
@@ -329,7 +336,7 @@ def test_spread_layouts(kernel: Kernel, device: str, layout: str):
     caps = kernel.capabilities
     if not caps.any_strides:
         pytest.skip(f"kernel {kernel.name} declares contiguous inputs only (any_strides=False)")
-    if caps.max_elements is not None and caps.max_elements < 2**31:
+    if _limited_to_int32(kernel):
         pytest.skip(f"kernel {kernel.name} declares max_elements={caps.max_elements}: its "
                     "refusal of such views is test_scale_error_contract's")
     strategy = spread_problems(caps, layout, device=device, max_bytes=_spread_max_bytes(device))
