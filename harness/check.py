@@ -24,6 +24,7 @@ from flashprop.harness import timebox
 from flashprop.harness.campaign import current_shard, end_worker, stop_if_asked
 from flashprop.harness.diagnosis import diagnose
 from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, TALLIES, begin, expect, noting, record
+from flashprop.harness.strategies import DRAWN
 from flashprop.harness.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
@@ -35,6 +36,7 @@ from flashprop.refimpl.layouts import (
 )
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
 REFERENCES = {
@@ -359,4 +361,11 @@ def run_property(
 
     for problem in reversed(explicit):
         examples = example(problem)(examples)
-    settings(base, max_examples=n)(given(problems)(examples))()
+    DRAWN.reset()
+    try:
+        settings(base, max_examples=n)(given(problems)(examples))()
+    except Unsatisfiable:
+        undeclared = DRAWN.nothing_declared()
+        if undeclared is None:  # the property's own conditions draw nothing: its defect
+            raise
+        pytest.skip(f"kernel {kernel.name} declares none of the problems {prop} needs ({undeclared})")

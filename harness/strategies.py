@@ -12,7 +12,9 @@ do not fill a tile are drawn often.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import torch
 from flashprop.contract.capabilities import ALL_DTYPES, Capabilities
@@ -43,6 +45,46 @@ class Sizes:
 
 
 DEFAULT_SIZES = Sizes()
+
+
+@dataclass
+class Declarations:
+    """What the declaration check saw of one property run's draws (``run_property`` resets it):
+    how many problems it passed, and the reasons of those it rejected, by count."""
+
+    passed: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+
+    def reset(self) -> None:
+        self.passed = 0
+        self.refused.clear()
+
+    def nothing_declared(self) -> str | None:
+        """When no draw passed the check and some were refused by it: the refusals, most frequent
+        first. Draws that met the property's own conditions (``where``) reached the check, so this
+        means the kernel declares none of the problems the property needs, not that the
+        property's strategy draws nothing."""
+        if self.passed or not self.refused:
+            return None
+        total = sum(self.refused.values())
+        top = "; ".join(f"{reason} ({count})" for reason, count in self.refused.most_common(3))
+        return f"all {total} drawn problems are undeclared: {top}"
+
+
+#: The declaration check's record of the running property (one test at a time per process).
+DRAWN = Declarations()
+
+
+def declared(caps: Capabilities, p: Problem, related: Iterable[Problem] = ()) -> Problem:
+    """``p`` when the kernel declares it and each of ``related`` (the problems a property derives
+    from it and runs too); otherwise the draw is rejected, its reason noted in :data:`DRAWN`."""
+    for q in (p, *related):
+        reason = caps.unsupported_reason(q)
+        if reason is not None:  # only a declared known limit can land here for p itself
+            DRAWN.refused[reason.splitlines()[0]] += 1
+            reject()
+    DRAWN.passed += 1
+    return p
 
 
 def device_sizes(device: str, max_n: int | None = None) -> Sizes:
@@ -94,10 +136,16 @@ def problems(
     min_n: int = 1,
     head_dims: tuple[int, ...] | None = None,
     default_tiles: bool = False,
+    where: Callable[[Problem], bool] | None = None,
+    related: Callable[[Problem], Iterable[Problem]] | None = None,
 ) -> Problem:
     """A problem the kernel declares. Keyword arguments pin an axis (``None``: draw it);
     ``min_n`` bounds both sequence lengths from below, ``head_dims`` narrows the head dims
-    drawn (those declared among them), ``default_tiles`` leaves the tiles to the kernel."""
+    drawn (those declared among them), ``default_tiles`` leaves the tiles to the kernel.
+    ``where``: the property's own condition on the problem, checked before the declaration;
+    ``related``: the problems the property derives from it, which must be declared too. A
+    property whose draws all meet ``where`` and fail the declaration is skipped, naming the
+    declaration (``Declarations.nothing_declared``)."""
     dtype = draw(st.sampled_from(_dtypes(caps, dtypes)))
     hkv = draw(st.integers(1, sizes.max_kv_heads))
     group = draw(st.integers(1, sizes.max_group)) if caps.gqa else 1
@@ -147,10 +195,9 @@ def problems(
             if hkv * nq * nk * max(d, dv) <= sizes.max_work
             else p.replace(b=1, hq=1, hkv=1)
         )
-    reason = caps.unsupported_reason(p)
-    if reason is not None:  # only a declared known limit can land here
+    if where is not None and not where(p):
         reject()
-    return p
+    return declared(caps, p, related(p) if related is not None else ())
 
 
 AXES = ("dtype", "head_dim", "causal", "unequal", "gqa", "scale", "layout", "seqlen", "block_m", "block_n")

@@ -27,7 +27,7 @@ Compiled-code reuse: the mods close over tensors (window edges, offsets, the sof
 slopes, document ids), which the compiled kernel takes as inputs, so a new window, offset or
 softcap is new data, not a recompilation (Python numbers in a closure are specialised on: a
 recompilation per value). Block masks are built with ``create_block_mask`` once per (mask,
-shapes) and cached.
+shapes) and cached; eagerly for small ones, compiled from ``COMPILED_MASK_PAIRS`` (Nq * Nk) on.
 """
 
 from __future__ import annotations
@@ -67,8 +67,17 @@ def unavailable_reason() -> str | None:
 RECOMPILE_LIMIT = 256
 
 
+#: From this many (query, key) pairs on, a block mask is built by a compiled ``create_block_mask``.
+#: The eager one evaluates the mask_mod on the whole Nq x Nk grid at once, in int64 indices:
+#: 8 * Nq * Nk bytes and more (2^28 pairs: about 3 GB of host memory measured on the CPU; at
+#: Nq = Nk = 128k it asked for 128 GiB and ran out of the H200's memory in the long-golden
+#: property). Compiled, it works block by block; compiling costs seconds, so small masks (the
+#: suite draws thousands) stay eager.
+COMPILED_MASK_PAIRS = 2**28
+
+
 @functools.cache
-def _compiled():
+def _dynamo_limits() -> None:
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = RECOMPILE_LIMIT
@@ -76,8 +85,25 @@ def _compiled():
         torch._dynamo.config.accumulated_recompile_limit, RECOMPILE_LIMIT
     )
     torch._dynamo.config.fail_on_recompile_limit_hit = True
+
+
+@functools.cache
+def _compiled():
+    _dynamo_limits()
     # dynamic=None: automatic dynamic shapes, so a new sequence length does not recompile each time
     return torch.compile(flex_attention, dynamic=None)
+
+
+@functools.cache
+def _compiled_block_mask():
+    _dynamo_limits()
+    return torch.compile(create_block_mask, dynamic=None)
+
+
+def _block_mask(mask: MaskMod, nq: int, nk: int, device: str) -> BlockMask:
+    """``create_block_mask`` over all batch elements and heads, compiled for large grids."""
+    build = _compiled_block_mask() if nq * nk >= COMPILED_MASK_PAIRS else create_block_mask
+    return build(mask, None, None, nq, nk, device=device)
 
 
 def _int(value: int, device: str) -> torch.Tensor:
@@ -174,7 +200,7 @@ def _dense_block_mask(
     nq: int, nk: int, causal: bool, window: tuple[int, int] | None, device: str
 ) -> BlockMask | None:
     band = _band(_dense_coords(nq, nk, device), causal, window, device)
-    return None if band is None else create_block_mask(band, None, None, nq, nk, device=device)
+    return None if band is None else _block_mask(band, nq, nk, device)
 
 
 def _dense(
@@ -264,7 +290,7 @@ def _document_block_mask(
     docs = _documents(cu_q, cu_k, device)
     band = _band(docs.coords(), causal, window, device)
     mask = docs.same() if band is None else and_masks(docs.same(), band)
-    return create_block_mask(mask, None, None, *docs.shape, device=device)
+    return _block_mask(mask, *docs.shape, device)
 
 
 def _varlen(

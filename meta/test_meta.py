@@ -10,6 +10,7 @@ error contract catching a kernel that silently answers undeclared problems wrong
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -17,12 +18,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import flashprop.properties.test_error_contract as error_contract
+import flashprop.properties.test_metamorphic as metamorphic
 import pytest
 import torch
 from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities, Limit
 from flashprop.contract.problem import DISTRIBUTIONS, LAYOUTS, Problem
 from flashprop.contract.registry import Kernel, load_kernel, observe_outputs
-from flashprop.harness.check import PropertyFailure, assert_close_to_golden, references, run_kernel
+from flashprop.harness.check import (
+    PropertyFailure,
+    assert_close_to_golden,
+    references,
+    run_kernel,
+    run_property,
+)
 from flashprop.harness.known_failures import KnownFailure, mark, parse
 from flashprop.harness.report import TALLIES
 from flashprop.harness.strategies import Sizes, problems, undeclared_problems
@@ -32,6 +40,7 @@ from flashprop.refimpl import attention_golden, attention_golden_backward, atten
 from flashprop.refimpl.blocked import attention as blocked_attention
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -419,6 +428,34 @@ def test_error_contract_catches_silent_wrong_answers(refuse: bool):
         finally:
             for key in [key for key in TALLIES if key[0] == name]:
                 del TALLIES[key]
+
+
+def test_a_property_the_declarations_rule_out_skips_naming_them():
+    """A kernel that declares GQA but a limit refusing every GQA problem: gqa-consistency draws
+    nothing it may run, so it skips naming the limit (Hypothesis's Unsatisfiable is not the
+    kernel's failure); a property whose own condition, or a filter after the declaration,
+    leaves nothing still fails (a defect of the property, not a declaration)."""
+    caps = dataclasses.replace(blocked_attention.capabilities,
+                               limits=(Limit("no grouped heads in this build", lambda p: p.hq > p.hkv),))
+    kernel = Kernel(name="meta-no-gqa", fn=blocked_attention, capabilities=caps)
+    sizes = Sizes(max_n=4, max_batch=1, max_kv_heads=2, max_group=2, max_head_dim=8, max_work=10_000)
+    try:
+        with _quick_hypothesis():
+            with pytest.raises(pytest.skip.Exception, match=r"declares none of the problems gqa-consistency "
+                               r"needs \(all \d+ drawn problems are undeclared: .*no grouped heads"):
+                metamorphic.test_gqa_consistency(kernel, "cpu", sizes)
+            never = problems(caps, device="cpu", sizes=sizes, where=lambda p: False)
+            with pytest.raises((Unsatisfiable, pytest.skip.Exception)) as raised:  # a skip would hide it
+                run_property(kernel, "meta-never", never, lambda kernel, p: None)
+            assert raised.type is Unsatisfiable, raised.value
+            # declared draws (no GQA) that a later filter drops: not the declaration's doing
+            dropped = problems(caps, device="cpu", sizes=sizes).filter(lambda p: False)
+            with pytest.raises((Unsatisfiable, pytest.skip.Exception)) as raised:  # a skip would hide it
+                run_property(kernel, "meta-dropped", dropped, lambda kernel, p: None)
+            assert raised.type is Unsatisfiable, raised.value
+    finally:
+        for key in [key for key in TALLIES if key[0] == kernel.name]:
+            del TALLIES[key]
 
 
 def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -20,10 +20,6 @@ from flashprop.harness.strategies import problems
 from flashprop.refimpl.masks import causal_offset
 
 
-def _declared(kernel: Kernel, p: Problem) -> bool:
-    return kernel.capabilities.unsupported_reason(p) is None
-
-
 def _shift_constant(problem: Problem) -> float:
     """The appended q column's value c: a power of two of either sign (exact in every dtype)."""
     return (-1.0) ** problem.seed * 2.0 ** (problem.seed % 4)
@@ -68,8 +64,7 @@ def test_shift_invariance(kernel, device, sizes):
             compared.append(("o", extra, torch.zeros_like(extra)))
         assert_agree(kernel, p, prop, what, compared, limits)
 
-    strategy = problems(caps, device=device, sizes=sizes).filter(
-        lambda p: _declared(kernel, _shifted(kernel, p)))
+    strategy = problems(caps, device=device, sizes=sizes, related=lambda p: [_shifted(kernel, p)])
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -109,7 +104,7 @@ def test_batch_independence(kernel, device, sizes):
             limits = total(*[budgets(p.dtype, restrict(refs, idx))] * 2)
             assert_agree(kernel, p, prop, f"batch element {i} run alone", pairs(full, alone, idx), limits)
 
-    strategy = problems(kernel.capabilities, device=device, sizes=sizes).filter(lambda p: p.b >= 2)
+    strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.b >= 2)
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -133,7 +128,7 @@ def test_head_independence(kernel, device, sizes):
             what = f"kv head {j} with query heads {j * g}..{(j + 1) * g - 1} run alone"
             assert_agree(kernel, p, prop, what, pairs(full, alone, qi), limits)
 
-    strategy = problems(kernel.capabilities, device=device, sizes=sizes).filter(lambda p: p.hkv >= 2)
+    strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.hkv >= 2)
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -172,7 +167,7 @@ def test_causal_future_independence(kernel, device, sizes):
     def has_future(p: Problem) -> bool:
         return p.nk - causal_offset(p.nq, p.nk, caps.causal_alignment) - 1 >= 1
 
-    strategy = problems(caps, device=device, sizes=sizes, causal=True).filter(has_future)
+    strategy = problems(caps, device=device, sizes=sizes, causal=True, where=has_future)
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -194,8 +189,8 @@ def test_scale_folding(kernel, device, sizes):
         what = f"kernel(2q, k, v, scale={s:.6g}) vs kernel(q, k, v, scale={2 * s:.6g})"
         assert_agree(kernel, p, prop, what, pairs(a, b), limits)
 
-    strategy = problems(caps, device=device, sizes=sizes).filter(lambda p: _declared(kernel, p.replace(
-        scale=p.effective_scale)) and _declared(kernel, p.replace(scale=2 * p.effective_scale)))
+    strategy = problems(caps, device=device, sizes=sizes, related=lambda p: [
+        p.replace(scale=p.effective_scale), p.replace(scale=2 * p.effective_scale)])
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -218,7 +213,7 @@ def test_gqa_consistency(kernel, device, sizes):
         limits = total(*[budgets(p.dtype, references_on(kernel, p))] * 2)
         assert_agree(kernel, p, prop, f"k, v repeated {g}x to Hq={p.hq} heads", pairs(a, b), limits)
 
-    strategy = problems(caps, device=device, sizes=sizes).filter(
-        lambda p: p.hq > p.hkv and _declared(kernel, p.replace(hkv=p.hq)))
+    strategy = problems(caps, device=device, sizes=sizes, where=lambda p: p.hq > p.hkv,
+                        related=lambda p: [p.replace(hkv=p.hq)])
     run_property(kernel, prop, strategy, check, weight=0.5)
 

@@ -204,7 +204,6 @@ def test_split_kv_merge_equals_full(kernel, device, sizes):
         what = f"keys split at {s}: merge_partials(kernel(:{s}), kernel({s}:)) vs kernel(all keys)"
         assert_agree(kernel, p, prop, what, pairs(merged, full), limits)
 
-    strategy = problems(caps, device=device, sizes=sizes, causal=False).filter(
-        lambda p: p.nk >= 2 and all(caps.unsupported_reason(p.replace(nk=n)) is None
-                                    for n in (_split(p), p.nk - _split(p))))
+    strategy = problems(caps, device=device, sizes=sizes, causal=False, where=lambda p: p.nk >= 2,
+                        related=lambda p: [p.replace(nk=n) for n in (_split(p), p.nk - _split(p))])
     run_property(kernel, prop, strategy, check, weight=0.5)
