@@ -12,9 +12,11 @@ do not fill a tile are drawn often.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from flashprop.contract.capabilities import ALL_DTYPES, Capabilities
@@ -75,14 +77,19 @@ class Declarations:
 DRAWN = Declarations()
 
 
-def declared(caps: Capabilities, p: Problem, related: Iterable[Problem] = ()) -> Problem:
-    """``p`` when the kernel declares it and each of ``related`` (the problems a property derives
-    from it and runs too); otherwise the draw is rejected, its reason noted in :data:`DRAWN`."""
-    for q in (p, *related):
-        reason = caps.unsupported_reason(q)
-        if reason is not None:  # only a declared known limit can land here for p itself
-            DRAWN.refused[reason.splitlines()[0]] += 1
-            reject()
+def declared(
+    caps: Capabilities, p: Problem, related: Iterable[Problem] = (), *, backward: bool = False
+) -> Problem:
+    """``p`` when the kernel declares it (and its gradients, with ``backward``) and each of
+    ``related`` (the problems a property derives from it and runs too); otherwise the draw is
+    rejected, its first reason noted in :data:`DRAWN` (the checks stop there: a dispatcher's
+    check builds tensors)."""
+    checks = [*(functools.partial(caps.unsupported_reason, q) for q in (p, *related)),
+              *([functools.partial(caps.backward_reason, p)] if backward else [])]
+    reason = next((r for r in (check() for check in checks) if r is not None), None)
+    if reason is not None:
+        DRAWN.refused[reason.splitlines()[0]] += 1
+        reject()
     DRAWN.passed += 1
     return p
 
@@ -121,7 +128,7 @@ def _dtypes(caps: Capabilities, only: tuple[torch.dtype, ...] | None) -> list[to
 
 
 @st.composite
-def problems(
+def candidate_problems(
     draw,
     caps: Capabilities,
     *,
@@ -136,16 +143,12 @@ def problems(
     min_n: int = 1,
     head_dims: tuple[int, ...] | None = None,
     default_tiles: bool = False,
-    where: Callable[[Problem], bool] | None = None,
-    related: Callable[[Problem], Iterable[Problem]] | None = None,
 ) -> Problem:
-    """A problem the kernel declares. Keyword arguments pin an axis (``None``: draw it);
-    ``min_n`` bounds both sequence lengths from below, ``head_dims`` narrows the head dims
-    drawn (those declared among them), ``default_tiles`` leaves the tiles to the kernel.
-    ``where``: the property's own condition on the problem, checked before the declaration;
-    ``related``: the problems the property derives from it, which must be declared too. A
-    property whose draws all meet ``where`` and fail the declaration is skipped, naming the
-    declaration (``Declarations.nothing_declared``)."""
+    """A problem drawn within the kernel's declared axes, before its known limits are checked
+    (:func:`problems` checks them; :func:`variant_problems` adds a variant first). Keyword
+    arguments pin an axis (``None``: draw it); ``min_n`` bounds both sequence lengths from below,
+    ``head_dims`` narrows the head dims drawn (those declared among them), ``default_tiles``
+    leaves the tiles to the kernel."""
     dtype = draw(st.sampled_from(_dtypes(caps, dtypes)))
     hkv = draw(st.integers(1, sizes.max_kv_heads))
     group = draw(st.integers(1, sizes.max_group)) if caps.gqa else 1
@@ -195,6 +198,26 @@ def problems(
             if hkv * nq * nk * max(d, dv) <= sizes.max_work
             else p.replace(b=1, hq=1, hkv=1)
         )
+    return p
+
+
+@st.composite
+def problems(
+    draw,
+    caps: Capabilities,
+    *,
+    where: Callable[[Problem], bool] | None = None,
+    related: Callable[[Problem], Iterable[Problem]] | None = None,
+    **axes: Any,
+) -> Problem:
+    """A problem the kernel declares; ``axes`` pin or bound what is drawn, as for
+    :func:`candidate_problems` (``device``, ``sizes``, ``dtypes``, ``causal``, ...).
+
+    ``where``: the property's own condition on the problem, checked before the declaration;
+    ``related``: the problems the property derives from it and runs too, which must be declared
+    as well. A property whose draws all meet ``where`` and fail the declaration is skipped,
+    naming the declaration (:meth:`Declarations.nothing_declared`)."""
+    p = draw(candidate_problems(caps, **axes))
     if where is not None and not where(p):
         reject()
     return declared(caps, p, related(p) if related is not None else ())

@@ -19,12 +19,12 @@ break:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from flashprop.contract.problem import SINKS, KernelInputs, Problem
-from flashprop.harness.strategies import DEFAULT_SIZES, Sizes, problems
+from flashprop.harness.strategies import DEFAULT_SIZES, Sizes, candidate_problems, declared, problems
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 
@@ -142,12 +142,15 @@ def variant_problems(
     modifiers: tuple[str, ...] = MODIFIERS,
     mode: str | None = None,
     dtypes: tuple[torch.dtype, ...] | None = None,
+    where: Callable[[Problem], bool] | None = None,
+    related: Callable[[Problem], Iterable[Problem]] | None = None,
 ) -> Problem:
     """A declared problem that uses ``variant``; other declared ``modifiers`` join at random.
 
     ``mode`` pins the entry point (``dense``, ``varlen``, ``kvcache``; default: drawn among the
     declared ones, or the one ``variant`` names); ``backward`` draws only problems whose
-    gradients the kernel declares."""
+    gradients the kernel declares; ``where`` and ``related`` as for :func:`problems` (the
+    property's own condition, checked first; the problems it derives, declared too)."""
     if not caps.declares_variant(variant):
         raise ValueError(f"variant {variant!r} is not declared")
     if mode is None:
@@ -160,7 +163,7 @@ def variant_problems(
                 + (["kvcache"] if caps.kvcache is not None and not backward else [])
             )
             mode = draw(st.sampled_from(modes))
-    base: Problem = draw(problems(caps, device=device, sizes=sizes, dtypes=dtypes))
+    base: Problem = draw(candidate_problems(caps, device=device, sizes=sizes, dtypes=dtypes))
     if mode == "varlen":
         base = draw(_varlen(caps, base, sizes))
     elif mode == "kvcache":
@@ -176,11 +179,9 @@ def variant_problems(
         )
     required = variant if variant in MODIFIERS else None
     p = draw(_modifiers(caps, base, required, modifiers))
-    if caps.unsupported_reason(p) is not None:
+    if where is not None and not where(p):
         reject()
-    if backward and caps.backward_reason(p) is not None:
-        reject()
-    return p
+    return declared(caps, p, related(p) if related is not None else (), backward=backward)
 
 
 # ------------------------------------------------------------------------- the error contract

@@ -113,9 +113,8 @@ def test_varlen_permutation(kernel, device, sizes):
                 kernel, p, prop, what, _pairs(_rows(a, sq), _rows(b, where[s])), _limits(p, refs, sq)
             )
 
-    strategy = variant_problems(kernel.capabilities, "varlen", device=device, sizes=sizes).filter(
-        lambda p: p.b >= 2
-    )
+    strategy = variant_problems(kernel.capabilities, "varlen", device=device, sizes=sizes,
+                                where=lambda p: p.b >= 2)
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -164,7 +163,6 @@ def test_varlen_isolation(kernel, device, sizes):
                 limits[name] = 2 * budget(name, p.dtype, err, golden.bounds[name], logit)[0]
             assert_agree(kernel, p, prop, f"{what}: gradients of sequence 0", compared, limits)
 
-    strategy = variant_problems(caps, "varlen", device=device, sizes=sizes, backward=backward).filter(
-        lambda p: p.b >= 2 and p.seqlens[0][0] > 0
-    )
+    strategy = variant_problems(caps, "varlen", device=device, sizes=sizes, backward=backward,
+                                where=lambda p: p.b >= 2 and p.seqlens[0][0] > 0)
     run_property(kernel, prop, strategy, check, weight=0.5)
