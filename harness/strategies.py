@@ -12,7 +12,6 @@ do not fill a tile are drawn often.
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -84,14 +83,20 @@ def declared(
     ``related`` (the problems a property derives from it and runs too); otherwise the draw is
     rejected, its first reason noted in :data:`DRAWN` (the checks stop there: a dispatcher's
     check builds tensors)."""
-    checks = [*(functools.partial(caps.unsupported_reason, q) for q in (p, *related)),
-              *([functools.partial(caps.backward_reason, p)] if backward else [])]
-    reason = next((r for r in (check() for check in checks) if r is not None), None)
+    reason = _first_reason(caps, p, related, backward)
     if reason is not None:
         DRAWN.refused[reason.splitlines()[0]] += 1
         reject()
     DRAWN.passed += 1
     return p
+
+
+def _first_reason(caps: Capabilities, p: Problem, related: Iterable[Problem], backward: bool) -> str | None:
+    for q in (p, *related):
+        reason = caps.unsupported_reason(q)
+        if reason is not None:
+            return reason
+    return caps.backward_reason(p) if backward else None
 
 
 def device_sizes(device: str, max_n: int | None = None) -> Sizes:
