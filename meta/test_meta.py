@@ -32,7 +32,7 @@ from flashprop.harness.check import (
     run_property,
 )
 from flashprop.harness.known_failures import KnownFailure, mark, parse
-from flashprop.harness.report import TALLIES
+from flashprop.harness.report import forget
 from flashprop.harness.strategies import Sizes, problems, undeclared_problems
 from flashprop.harness.tolerance import compare
 from flashprop.kernels.sdpa import sdpa_flash
@@ -426,8 +426,7 @@ def test_error_contract_catches_silent_wrong_answers(refuse: bool):
                 with pytest.raises(PropertyFailure, match="error-contract"):
                     prop(kernel, "cpu", _TINY)
         finally:
-            for key in [key for key in TALLIES if key[0] == name]:
-                del TALLIES[key]
+            forget(name)
 
 
 def test_a_property_the_declarations_rule_out_skips_naming_them():
@@ -454,8 +453,7 @@ def test_a_property_the_declarations_rule_out_skips_naming_them():
                 run_property(kernel, "meta-dropped", dropped, lambda kernel, p: None)
             assert raised.type is Unsatisfiable, raised.value
     finally:
-        for key in [key for key in TALLIES if key[0] == kernel.name]:
-            del TALLIES[key]
+        forget(kernel.name)
 
 
 def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):

@@ -22,7 +22,7 @@ from flashprop.contract.registry import Kernel, load_kernel
 from flashprop.harness import scale_problems
 from flashprop.harness.check import PropertyFailure
 from flashprop.harness.long_references import row_segments, yardstick_rows
-from flashprop.harness.report import TALLIES
+from flashprop.harness.report import forget
 from flashprop.harness.scale_problems import (
     AXES,
     BOUNDARY,
@@ -228,8 +228,7 @@ def test_scale_error_contract_catches_wrong_answers(refuse: bool):
     finally:
         settings.register_profile("flashprop-meta-scale-saved", saved)
         settings.load_profile("flashprop-meta-scale-saved")
-        for key in [key for key in TALLIES if key[0] == name]:
-            del TALLIES[key]
+        forget(name)
 
 
 def test_extent_and_check_elements():
