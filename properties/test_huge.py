@@ -250,11 +250,14 @@ def _huge_budget(device: str) -> int:
     return budget
 
 
-def _limited_to_int32(kernel: Kernel) -> bool:
-    """Whether ``kernel`` declares a ``max_elements`` below 2^31: every huge problem and spread
-    view holds more, and test_scale_error_contract checks that it refuses them."""
+def _int32_refusal(kernel: Kernel, what: str) -> str | None:
+    """The skip reason when ``kernel`` declares a ``max_elements`` below 2^31: every huge problem
+    and spread view holds more, and test_scale_error_contract checks that it refuses ``what``."""
     limit = kernel.capabilities.max_elements
-    return limit is not None and limit < 2**31
+    if limit is None or limit >= 2**31:
+        return None
+    return (f"kernel {kernel.name} declares max_elements={limit}: its refusal of {what} is "
+            "test_scale_error_contract's")
 
 
 def huge_skip_reason(kernel: Kernel, device: str, axis: str) -> str | None:
@@ -267,10 +270,7 @@ def huge_skip_reason(kernel: Kernel, device: str, axis: str) -> str | None:
                 "problem) are for a GPU; on the CPU test_spread_layouts reaches the same offsets")
     if axis == "varlen" and not caps.varlen:
         return f"kernel {kernel.name} does not declare varlen"
-    if _limited_to_int32(kernel):
-        return (f"kernel {kernel.name} declares max_elements={caps.max_elements}: its refusal of "
-                "problems past it is test_scale_error_contract's")
-    return None
+    return _int32_refusal(kernel, "problems past it")
 
 
 @pytest.mark.parametrize("axis", AXES)
@@ -336,9 +336,8 @@ def test_spread_layouts(kernel: Kernel, device: str, layout: str):
     caps = kernel.capabilities
     if not caps.any_strides:
         pytest.skip(f"kernel {kernel.name} declares contiguous inputs only (any_strides=False)")
-    if _limited_to_int32(kernel):
-        pytest.skip(f"kernel {kernel.name} declares max_elements={caps.max_elements}: its "
-                    "refusal of such views is test_scale_error_contract's")
+    if reason := _int32_refusal(kernel, "such views"):
+        pytest.skip(reason)
     strategy = spread_problems(caps, layout, device=device, max_bytes=_spread_max_bytes(device))
     run_property(kernel, layout, strategy, spread_check(layout), weight=SPREAD_WEIGHT)
 
