@@ -117,41 +117,92 @@ class Kernel:
         return out, None
 
 
-def _import_target(spec: str) -> tuple[object, Callable]:
-    target, sep, attr = spec.rpartition(":")
-    if not sep or not target or not attr:
-        raise ValueError(f"kernel spec {spec!r} is neither a registered name nor module:attr / file.py:attr")
+class KernelSpecError(ValueError):
+    """A kernel spec that names no kernel (no such file, module or attribute; not a registered
+    name) or a kernel whose declaration is malformed: the user's input to fix, said in one line."""
+
+
+def _folder_listing(folder: Path, suffix: str = ".py") -> str:
+    """What ``folder`` holds that a spec could name: its ``*.py`` files, a few of them."""
+    names = sorted(p.name for p in folder.glob(f"*{suffix}")) if folder.is_dir() else []
+    if not names:
+        return f"{folder} holds no {suffix} file" if folder.is_dir() else f"{folder} is not a folder"
+    shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+    return f"{folder} holds {shown}"
+
+
+def _import_module(spec: str, target: str):
+    """Import ``target`` (a module name, or a path ending in ``.py``). A target that does not exist
+    raises :class:`KernelSpecError`; one that exists but fails to import (a package it needs is
+    missing, an error in its code) raises :class:`KernelUnavailable` with the error."""
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise ValueError(f"kernel file {path} does not exist")
+            raise KernelSpecError(f"kernel {spec}: file {target} does not exist ({_folder_listing(path.parent)})")
         name = f"flashprop_user_{path.stem}"
         mod_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[name] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as err:
+            del sys.modules[name]
+            raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
+        return module
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError as err:
+        if err.name is not None and (target == err.name or target.startswith(f"{err.name}.")):
+            raise KernelSpecError(f"kernel {spec}: no module named {err.name!r} (not importable from "
+                                  f"{Path.cwd()}: a file is named path/to/file.py:attr)") from None
+        raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
+    except Exception as err:
+        raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
+
+
+def _error_line(err: BaseException) -> str:
+    """``Type: message`` of ``err``, its first line, and where it was raised (file:line)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = f" ({Path(tb.tb_frame.f_code.co_filename).name}:{tb.tb_lineno})" if tb is not None else ""
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}{where}"
+
+
+def _import_target(spec: str) -> tuple[object, Callable]:
+    """The module and the callable ``spec`` names (a registered name stands for its module:attr)."""
+    target, sep, attr = BUILTIN.get(spec, spec).rpartition(":")
+    if not sep or not target or not attr:
+        hint = f"; or a file: {spec}:ATTR" if spec.endswith(".py") else ""
+        raise KernelSpecError(f"kernel {spec!r} is neither a registered name ({', '.join(BUILTIN)}) nor "
+                              f"module:attr / path/to/file.py:attr{hint}")
+    module = _import_module(spec, target)
     try:
         fn = getattr(module, attr)
     except AttributeError:
-        raise ValueError(f"{target} has no attribute {attr!r}") from None
+        public = sorted(n for n, v in vars(module).items()
+                        if callable(v) and not isinstance(v, type) and not n.startswith("_"))
+        holds = f"; its functions: {', '.join(public[:8])}" if public else "; it defines no function"
+        raise KernelSpecError(f"kernel {spec}: {target} has no attribute {attr!r}{holds}") from None
     return module, fn
 
 
 def load_kernel(spec: str) -> Kernel:
-    """Resolve a kernel name or spec; raises :class:`KernelUnavailable` if it cannot run here."""
-    module, fn = _import_target(BUILTIN.get(spec, spec))
+    """Resolve a kernel name or spec. Raises :class:`KernelSpecError` when the spec names no
+    kernel or its declaration is malformed, :class:`KernelUnavailable` when it cannot run here
+    (its ``unavailable_reason()``, or its module failed to import)."""
+    module, fn = _import_target(spec)
     reason_fn = getattr(fn, "unavailable_reason", None) or getattr(module, "unavailable_reason", None)
     reason = reason_fn() if callable(reason_fn) else None
     if reason:
         raise KernelUnavailable(f"kernel {spec}: {reason}")
     caps = getattr(fn, "capabilities", FULL_SUPPORT)
     if not isinstance(caps, Capabilities):
-        raise TypeError(f"kernel {spec}: .capabilities must be a kernels.Capabilities, got {type(caps)}")
+        raise KernelSpecError(f"kernel {spec}: .capabilities must be a flashprop.Capabilities, got {type(caps)}")
     for mode, declared in (("varlen", caps.varlen), ("kvcache", caps.kvcache is not None)):
         if declared and not callable(getattr(fn, mode, None)):
-            raise TypeError(f"kernel {spec} declares {mode} but has no entry point fn.{mode}")
+            raise KernelSpecError(f"kernel {spec} declares {mode} but has no entry point fn.{mode}")
     return Kernel(name=spec, fn=fn, capabilities=caps, declared=hasattr(fn, "capabilities"))
 
 

@@ -28,8 +28,9 @@ import sys
 import tempfile
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import NoReturn
 
-from flashprop.plugin import MAX_EXAMPLES_HELP
+from flashprop.plugin import MAX_EXAMPLES_HELP, example_count
 
 #: The property modules, as ``fuzz --properties`` names them (``golden`` for test_golden.py).
 PACKAGE = "flashprop.properties"
@@ -52,10 +53,67 @@ def _pytest(args: list[str]) -> int:
     return int(pytest.main([*_plugin_args(), *quiet, *args]))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage error said in one line (and exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _duration(text: str) -> str:
+    """``--time``'s value, checked (``harness.timebox.parse_duration``)."""
+    from flashprop.harness.timebox import parse_duration
+
+    try:
+        parse_duration(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def property_names() -> list[str]:
+    """The property modules ``fuzz --properties`` names (``golden`` for test_golden.py)."""
+    import pkgutil
+
+    package = importlib.import_module(PACKAGE)
+    return sorted(m.name.removeprefix("test_") for m in pkgutil.iter_modules(package.__path__)
+                  if m.name.startswith("test_"))
+
+
+def usage_problem(ns: argparse.Namespace) -> str | None:
+    """What is wrong with a ``fuzz`` command line before any test runs, in one line (a kernel spec
+    naming nothing, an unknown property), or ``None``. A kernel that exists but cannot run here
+    is not wrong: its row in the table says why."""
+    from flashprop.contract.registry import BUILTIN, KernelSpecError, KernelUnavailable, load_kernel
+
+    known = property_names()
+    unknown = [name for name in ns.properties or () if name not in known]
+    if unknown:
+        return f"unknown property {', '.join(unknown)}; the properties are: {' '.join(known)}"
+    for spec in ns.kernel:
+        if spec in BUILTIN:
+            continue
+        try:
+            load_kernel(spec)
+        except KernelSpecError as err:
+            return str(err)
+        except KernelUnavailable:
+            pass
+    return None
+
+
 def fuzz(ns: argparse.Namespace) -> int:
     """Fuzz kernels with every applicable property (the fuzz profile); the output ends with the
     table (examples run and asked per property, skip reasons) and the failures by cause; pytest's
-    tracebacks go to a file unless --tracebacks. Exit status 1 on any failure."""
+    tracebacks go to a file unless --tracebacks. Exit status 1 on any failure, 2 on a command
+    line naming no kernel or no property (said in one line, before any test runs)."""
+    from flashprop.plugin import prepare_device
+
+    prepare_device(ns.device)  # before a user's kernel module imports triton
+    problem = usage_problem(ns)
+    if problem:
+        print(f"flashprop fuzz: {problem}", file=sys.stderr)
+        return 2
     targets = [f"{PACKAGE}.test_{name}" for name in ns.properties] if ns.properties else [PACKAGE]
     args = ["--pyargs", *targets, "-q", "-m", "not meta", "--hypothesis-profile", "fuzz", "-W",
             "ignore::RuntimeWarning"]
@@ -122,38 +180,43 @@ def gate(ns: argparse.Namespace) -> int:
 
 
 def kernels(ns: argparse.Namespace) -> int:
-    """List the registered kernels, whether each runs here and what it declares."""
+    """List the registered kernels, whether each runs here and what it declares; a kernel that
+    cannot run here (no GPU, a package missing, its module failed to import) is a row saying why."""
     from flashprop.contract.registry import BUILTIN, KernelUnavailable, load_kernel
 
-    rows = [("kernel", "here", "dtypes", "head dims", "causal", "variants")]
+    rows = [("kernel", "dtypes", "head dims", "causal", "variants")]
+    unavailable: dict[str, str] = {}
     for name in BUILTIN:
         try:
             caps = load_kernel(name).capabilities
         except KernelUnavailable as err:
-            rows.append((name, "no: " + str(err).split(": ", 1)[-1], "", "", "", ""))
+            unavailable[name] = str(err).removeprefix(f"kernel {name}: ")
             continue
         dims = sorted(caps.head_dims)
         variants = [v for v in ("window", "softcap", "alibi", "sinks", "varlen", "kvcache", "paged", "splits")
                     if caps.declares_variant(v)]
-        rows.append((name, "yes", ",".join(str(d).removeprefix("torch.").replace("float", "f")
-                                           for d in sorted(caps.dtypes, key=str)),
+        rows.append((name, ",".join(str(d).removeprefix("torch.").replace("float", "f")
+                                    for d in sorted(caps.dtypes, key=str)),
                      f"{dims[0]}..{dims[-1]}", caps.causal_alignment, " ".join(variants) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    widths[0] = width = max(widths[0], *map(len, unavailable))
     for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        print("  ".join([*(c.ljust(w) for c, w in zip(row, widths)), row[-1]]).rstrip())
+    for name, reason in unavailable.items():
+        print(f"{name.ljust(width)}  unavailable: {reason}")
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
     from flashprop.benchmarks.gate import add_arguments
 
-    top = argparse.ArgumentParser(prog="flashprop", description="Property-based tests for attention kernels.")
-    sub = top.add_subparsers(dest="command", required=True)
+    top = _Parser(prog="flashprop", description="Property-based tests for attention kernels.")
+    sub = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
     f = sub.add_parser("fuzz", help="fuzz kernels with every applicable property (the main job)",
                        description=fuzz.__doc__)
     f.add_argument("kernel", nargs="+", help="registered name, module:attr or path/to/file.py:attr")
-    f.add_argument("--max-examples", type=int, metavar="N", help=MAX_EXAMPLES_HELP)
-    f.add_argument("--time", metavar="DURATION",
+    f.add_argument("--max-examples", type=example_count, metavar="N", help=MAX_EXAMPLES_HELP)
+    f.add_argument("--time", metavar="DURATION", type=_duration,
                    help="time box (600, 90s, 10m, 1h): shared by the properties that draw examples")
     f.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda if available)")
     f.add_argument("-n", "--workers", help="pytest-xdist workers (a number or 'auto')")

@@ -88,7 +88,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flashprop")
     group.addoption("--kernel", action="append", default=[], help="kernel under test (repeatable)")
     group.addoption("--device", default=None, choices=("cpu", "cuda"), help="tensor device")
-    group.addoption("--max-examples", type=int, default=None, help=MAX_EXAMPLES_HELP)
+    group.addoption("--max-examples", type=example_count, default=None, help=MAX_EXAMPLES_HELP)
     group.addoption("--max-n", type=int, default=None, help="largest sequence length drawn")
     group.addoption(
         "--tally-json", default=None, help="also write the per-property tallies to this JSON file"
@@ -137,6 +137,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def example_count(text: str) -> int:
+    """``--max-examples``'s value: a whole number of examples, at least 1."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a whole number >= 1, not {text!r}")
+    return int(text)
+
+
 def _shard_count(text: str) -> int:
     """``--shards``'s value: a whole number of shards, at least 1."""
     if not text.isdigit() or int(text) < 1:
@@ -144,13 +151,21 @@ def _shard_count(text: str) -> int:
     return int(text)
 
 
-def _device(config: pytest.Config) -> str:
-    dev = config.getoption("--device")
+def prepare_device(option: str | None) -> str:
+    """The tensor device of ``--device`` (default: cuda if available). On the CPU, Triton kernels
+    run under the interpreter, which is chosen before triton is imported."""
+    dev = option
     if dev is None:
         import torch
 
         dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     return dev
+
+
+def _device(config: pytest.Config) -> str:
+    return prepare_device(config.getoption("--device"))
 
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
@@ -170,13 +185,11 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGTERM, handler)
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
-    if _device(config) == "cpu":
-        # Triton kernels run on CPU tensors only under the interpreter; set before triton loads.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    else:
+    if _device(config) == "cuda":
         from flashprop.harness.compile_locks import install_from_environment
 
         install_from_environment()
+    _check_kernel_specs(config)
     replay = config.getoption("--replay")
     if replay:
         import flashprop.harness.check
@@ -213,6 +226,21 @@ def pytest_configure(config: pytest.Config) -> None:
         from flashprop.harness.campaign import configure_worker
 
         configure_worker(worker, _device(config))
+
+
+def _check_kernel_specs(config: pytest.Config) -> None:
+    """A ``--kernel`` that names no kernel (no such file, module or attribute) is a usage error,
+    said before any test runs; a kernel that exists but cannot run here is skipped, with why."""
+    from flashprop.contract.registry import BUILTIN, KernelSpecError, KernelUnavailable, load_kernel
+
+    for spec in config.getoption("--kernel"):
+        if spec not in BUILTIN:
+            try:
+                load_kernel(spec)
+            except KernelSpecError as err:
+                raise pytest.UsageError(str(err)) from None
+            except KernelUnavailable:
+                pass
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -37,12 +37,16 @@ class _Draws(BaseException):
 
 
 def parse_duration(text: str) -> float:
-    """Seconds of ``90``, ``90s``, ``10m``, ``1h``, ``1h30m``."""
+    """Seconds of ``90``, ``90s``, ``10m``, ``1h``, ``1h30m``: more than 0 (a box of no time is
+    a mistake, refused as one)."""
     parts = _DURATION.fullmatch(text)
     if not text.strip() or parts is None or not any(parts.groups()):
         raise ValueError(f"not a duration: {text!r} (examples: 600, 90s, 10m, 1h30m)")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in parts.groups())
-    return hours * 3600 + minutes * 60 + seconds
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ValueError(f"a time box of {text!r} is no time (examples: 600, 90s, 10m, 1h30m)")
+    return total
 
 
 def start(seconds: float, properties: int, idle: int = 0, processes: int = 1) -> None:

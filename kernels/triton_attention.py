@@ -766,6 +766,10 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
     return prune
 
 
+#: What the autotuner keys its tunings on (each pass takes those of its own parameters).
+_TUNING_KEY = ("BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "SEQ_CLASS", "TMA", "WIDE_ROWS")
+
+
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
     tuner = triton.autotune(
         configs=configs,
@@ -773,14 +777,14 @@ def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) ->
         # run one compiled kernel (BLOCK_D = 128, EVEN_D false), so they share one tuning
         # instead of each distinct D tuning (compiling and timing every config) again. The
         # dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
-        # TMA (forward only: the backward kernels have no such argument, the key skips it).
+        # TMA (forward only: the backward kernels have no such argument, so their key leaves it
+        # out; Triton >= 3.7 refuses a key naming a parameter the kernel does not take).
         # WIDE_ROWS (64-bit row offsets, tensors past 2^31 elements) is keyed too, though the
         # same tiles fit: its kernels spill differently (sm_90a, D = 128, the forward's
         # 128x64 w4 loop: 39 local loads per pass, 7 with 32-bit offsets), so a tuning done on
         # a huge problem must not choose the tiles of the ordinary problems of its key. Huge
         # problems are rare; their extra tuning costs little.
-        key=["BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "SEQ_CLASS", "TMA",
-             "WIDE_ROWS"],
+        key=[name for name in _TUNING_KEY if name in kernel.arg_names],
         prune_configs_by={"early_config_prune": _pruner(resident)},
     )(kernel)
     if any(c.pre_hook for c in configs):
