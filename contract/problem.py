@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -327,29 +328,109 @@ class Problem:
         parts.append(f"dtype=torch.{DTYPE_NAMES[self.dtype]}")
         return "Problem(" + ", ".join(parts) + ")"
 
-    def repro(self, kernel: str, *, backward: bool = False) -> str:
+    def repro(
+        self,
+        kernel: str,
+        *,
+        judged: Sequence[str] = ("o", "lse"),
+        returns_lse: bool = True,
+        inputs: tuple[str, str] | None = None,
+    ) -> str:
         """Python (a script, run from the folder the kernel spec is relative to) that rebuilds the
-        tensors and calls the kernel."""
-        tiles = "".join(
-            f", {name}={val}" for name, val in (("block_m", self.block_m), ("block_n", self.block_n)) if val
-        )
-        lines = [
-            "import torch",
-            "from flashprop.contract.registry import load_kernel",
-            "from flashprop.contract.problem import Problem",
-            "from flashprop.refimpl import attention_golden",
+        problem's tensors, calls the problem's entry point (``mode``: ``attn``, ``attn.varlen`` or
+        ``attn.kvcache``) written out with the keywords the suite passes (``Kernel.call``), takes
+        the gradients of o (for ``dO = grad_output()``) when a gradient is ``judged``, and hands
+        the ``judged`` outputs (``o``, ``lse``, ``dq``, ``dk``, ``dv``, ``dsinks``) to
+        :func:`harness.repro.show`, which judges each against the golden as the suite does and
+        exits 1 when one fails. A kernel that raises raises at its call. ``returns_lse``: the
+        kernel returns ``(o, lse)`` (else ``o`` alone, and lse is not judged). ``inputs``:
+        ``(module, expression)`` of a function returning ``(KernelInputs, dO)`` that builds the
+        tensors instead (the huge and spread layouts of ``harness.scale_problems``). With nothing
+        ``judged`` the script only makes the call."""
+        judged = [n for n in judged if returns_lse or n != "lse"]
+        backward = any(n in _GRADIENTS for n in judged)
+        lines = ["import torch", "from flashprop.contract.problem import Problem",
+                 "from flashprop.contract.registry import load_kernel"]
+        if judged:
+            lines.append("from flashprop.harness.repro import show")
+        if inputs is not None:
+            module, expression = inputs
+            lines.append(f"from {module} import {expression.split('(')[0]}")
+        lines += [
             f"p = {self.constructor()}",
-            f"q, k, v = p.inputs(requires_grad={backward})",
-            f"o, lse = load_kernel({kernel!r})(q, k, v, causal=p.causal, scale=p.scale{tiles})",
-            "o_ref, lse_ref = attention_golden(q, k, v, causal=p.causal, scale=p.scale)",
-            "print((o.double() - o_ref).abs().max())",
+            f"kernel = load_kernel({kernel!r})",
+            "attn = kernel.fn",
+            f"inp, do = {expression}" if inputs is not None
+            else f"inp = p.kernel_inputs({'requires_grad=True' if backward else ''})",
+            f"{', '.join(_ARGS[self.mode])} = inp.args",
         ]
+        keywords = self._call_keywords()
+        lines += [f"{name} = inp.kwargs[{name!r}]" for name, literal in keywords if literal is None]
+        entry = "attn" if self.mode == "dense" else f"attn.{self.mode}"
+        lines += _call(
+            "o, lse" if returns_lse else "o",
+            entry,
+            _ARGS[self.mode],
+            [f"{name}={name if literal is None else literal}" for name, literal in keywords],
+        )
         if backward:
-            lines += [
-                "o.backward(p.grad_output())",
-                "print(q.grad, k.grad, v.grad)",
-            ]
+            wrt = ("q", "k", "v", *(("sinks",) if self.sinks is not None else ()))
+            grad_output = "do" if inputs is not None else "p.grad_output()"
+            lines.append(f"{', '.join('d' + t for t in wrt)} = torch.autograd.grad("
+                         f"o, ({', '.join(wrt)}), {grad_output}, allow_unused=True)")
+        if judged:
+            lines.append(f"show(p, kernel, {', '.join(f'{n}={n}' for n in judged)})")
         return "\n".join(lines)
+
+    def _call_keywords(self) -> list[tuple[str, str | None]]:
+        """The keywords the suite passes to the entry point (``Kernel.call``): causal, scale and
+        the tiles unless None, and :meth:`kernel_inputs`'s keywords (the variants', the cache's),
+        as ``(name, literal)``; ``literal`` is None for a tensor, taken from that ``kwargs``."""
+        kw: list[tuple[str, str | None]] = [("causal", repr(self.causal))]
+        if self.scale is not None:
+            kw.append(("scale", repr(self.scale)))
+        if self.window is not None:
+            kw.append(("window_size", repr(tuple(self.window))))
+        if self.softcap:
+            kw.append(("softcap", repr(float(self.softcap))))
+        kw += [(name, None) for name, field in (("alibi_slopes", self.alibi), ("sinks", self.sinks))
+               if field is not None]
+        if self.cache is not None:
+            kw.append(("cache_seqlens", None))
+            if self.num_splits is not None:
+                kw.append(("num_splits", repr(self.num_splits)))
+            if self.page_size is not None:
+                kw.append(("block_table", None))
+        kw += [(name, repr(val)) for name, val in (("block_m", self.block_m), ("block_n", self.block_n))
+               if val is not None]
+        return kw
+
+
+#: The positional arguments of each entry point, as the repro names them.
+_ARGS = {
+    "dense": ("q", "k", "v"),
+    "varlen": ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"),
+    "kvcache": ("q", "k_cache", "v_cache"),
+}
+#: The gradients a repro may judge (of q, k, v and sinks).
+_GRADIENTS = ("dq", "dk", "dv", "dsinks")
+#: Columns a repro line keeps within before the call is folded.
+_REPRO_WIDTH = 100
+
+
+def _call(target: str, entry: str, args: Sequence[str], keywords: Sequence[str]) -> list[str]:
+    """``target = entry(args, keywords)``: one line, or folded (the arguments on a line, the
+    keywords on lines of at most ``_REPRO_WIDTH`` columns)."""
+    line = f"{target} = {entry}({', '.join([*args, *keywords])})"
+    if len(line) <= _REPRO_WIDTH:
+        return [line]
+    lines = [f"{target} = {entry}(", f"    {', '.join(args)},"]
+    for word in keywords:
+        if len(lines) > 2 and len(lines[-1]) + len(word) + 2 <= _REPRO_WIDTH:
+            lines[-1] += f" {word},"
+        else:
+            lines.append(f"    {word},")
+    return [*lines, ")"]
 
 
 def _to_device(view: torch.Tensor, device: str) -> torch.Tensor:

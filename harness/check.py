@@ -75,14 +75,29 @@ _CUDA_FATAL = (
 
 
 def failure(
-    kernel: Kernel, problem: Problem, prop: str, details: list[str], *, backward: bool = False
+    kernel: Kernel,
+    problem: Problem,
+    prop: str,
+    details: list[str],
+    *,
+    backward: bool = False,
+    judged: Sequence[str] | None = None,
+    inputs: tuple[str, str] | None = None,
 ) -> str:
+    """The report of ``prop`` failing on ``problem``: the problem, the ``details``, a repro that
+    calls the kernel as the suite did and judges ``judged`` against the golden (default: o and
+    lse, and the gradients with ``backward``; :meth:`Problem.repro`, ``inputs`` as there) and
+    the command that replays the property on that problem alone."""
+    if judged is None:
+        judged = ("o", "lse", *(gradient_names(problem) if backward else ()))
+    repro = problem.repro(kernel.name, judged=judged, returns_lse=kernel.capabilities.returns_lse,
+                          inputs=inputs)
     lines = [
         f"property {prop!r} failed for kernel {kernel.name!r}",
         f"problem: {problem.describe()}",
         *details,
         REPRO_HEADER,
-        *("    " + line for line in problem.repro(kernel.name, backward=backward).splitlines()),
+        *("    " + line for line in repro.splitlines()),
         REPLAY_HEADER,
         "    " + replay_command(kernel.name, prop, problem),
     ]
@@ -292,9 +307,7 @@ def assert_close_to_golden(
             limits = {r.name: r.budget for r in results if r.name in ("o", "lse")}
             if "o" in limits:
                 details += diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits)
-        raise PropertyFailure(
-            failure(kernel, problem, prop, details, backward=any(n in GRADIENTS for n in names))
-        )
+        raise PropertyFailure(failure(kernel, problem, prop, details, judged=names))
 
 
 def run_property(

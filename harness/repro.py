@@ -1,0 +1,50 @@
+"""What a failure's repro script prints: each output it computed against the golden.
+
+The script that :meth:`contract.problem.Problem.repro` writes rebuilds the problem's tensors,
+calls the kernel's entry point as the suite did and passes what it got to :func:`show`, which
+judges it with the suite's own :func:`harness.check.judge` (the float64 golden of
+``reference_for`` and the tolerance model's budget: ``budget = r x yardstick error + floor``),
+prints one line per output (PASS or FAIL, max|err|, where, the budget) and exits with status 1
+when any output fails.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.check import GRADIENTS, Outputs, judge
+from flashprop.harness.scale_problems import SPREAD_LAYOUTS
+
+#: The outputs a repro may judge, in the order they are printed.
+JUDGEABLE = ("o", "lse", *GRADIENTS)
+
+
+def show(p: Problem, kernel: Kernel, **outputs: torch.Tensor | None) -> None:
+    """Judge the ``outputs`` of ``kernel`` on ``p`` against the golden and print the verdicts.
+
+    The keywords name what is judged: ``o`` (always), and any of ``lse``, ``dq``, ``dk``, ``dv``,
+    ``dsinks``; a gradient given as None (autograd found none) fails, an lse given as None is
+    not judged (a kernel that returns only o). A spread problem (``harness.scale_problems``: a
+    view whose last slice lies past element 2^31 of its allocation) is judged against the
+    golden of the same values laid out densely, as its property judges it. Exits the process
+    with status 1 when an output fails."""
+    unknown = sorted(set(outputs) - set(JUDGEABLE))
+    if unknown or "o" not in outputs:
+        raise TypeError(f"show judges o and any of {', '.join(JUDGEABLE[1:])}; got {sorted(outputs)}")
+    names = tuple(n for n in JUDGEABLE if n in outputs)
+    judged_on = p.replace(layout="contiguous") if p.layout in SPREAD_LAYOUTS else p
+    results = judge(kernel, judged_on, Outputs(**{"lse": None, **outputs}), names)
+    print(f"kernel {kernel.name!r} on {p.describe()}, against the float64 golden:")
+    for r in results:
+        print(f"  {'PASS' if r.ok else 'FAIL'} {r.describe()}")
+    if "lse" in outputs and outputs["lse"] is None:
+        print("  lse: not judged (the kernel returned o alone)")
+    failed = [r.name for r in results if not r.ok]
+    if failed:
+        print(f"FAIL: {', '.join(failed)} off the golden")
+        sys.exit(1)
+    print(f"PASS: {', '.join(r.name for r in results)} within budget (a property that compares "
+          "runs with each other, or with transformed inputs, fails in its replay command)")
