@@ -15,13 +15,13 @@ To add a benchmark:
 2. Anything else is a ``test_*`` function in a ``bench_<what>.py`` here, taking ``benchmark``
    (pytest-benchmark) and ``bench_state`` (``conftest.py``: the device, the loaded kernels, the
    round setup). It skips, saying why, what cannot run here.
-3. Time with ``timing.py``'s protocol: mark it ``pytest.mark.benchmark(timer=cuda_event_timer)``
-   on CUDA (``CPU_TIMER`` on the CPU), warm up with ``warm_up`` and call
+3. Time with ``timing.py``'s protocol: mark it ``pytest.mark.benchmark(timer=CLOCKS[device].timer)``
+   (CUDA events on CUDA, wall-clock on the CPU), warm up with ``warm_up`` and call
    ``benchmark.pedantic(call, setup=bench_state.setup, rounds=rounds_for(seconds, device))``.
 4. Record one ``schema.Row``: ``benchmark.extra_info.update(Row(...).extra_info())``. A new
    quantity is a new field of ``Row`` (documented there), which ``report.py`` then shows.
 5. To gate it, fill ``Row.ratios`` with each anchor's seconds over its own, measured in the
    same run (the anchors: ``contract.registry.BENCH_ANCHORS``; on the CPU gate,
-   ``calibration.ANCHORS``), and ``Row.timing`` with ``timing.PROTOCOLS[device]``; then record
+   ``calibration.ANCHORS``), and ``Row.timing`` with ``timing.CLOCKS[device].protocol``; then record
    the baseline: ``python ci/bench_gate.py --update ci/baselines/<machine>.json RUN.json``.
 """

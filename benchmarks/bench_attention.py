@@ -2,13 +2,14 @@
 
 Each case times one kernel on one :class:`~benchmarks.grid.Config` (forward, or forward and
 backward through autograd). On CUDA the rounds are CUDA-event timed after an L2 flush and a
-spin that hides the host's launch latency (see :mod:`benchmarks.timing`); ``extra_info``
+spin that hides the host's launch latency, on the CPU in wall-clock time (the clocks:
+:data:`benchmarks.timing.CLOCKS`); ``extra_info``
 carries the TFLOP/s, the host seconds per call (``host_s``), the peak extra memory, what the
 kernel says it launched when it can tell (``launch``: a kernel function's optional
 ``last_launch()``, e.g. the autotuner's tiles), and ``ratios``: the kernel's speed over each
 anchor's (``anchor seconds / kernel seconds``) measured in the same run, which is what
 ``ci/bench_gate.py`` compares with the baseline, and ``timing``, the protocol that timed them
-(:data:`benchmarks.timing.PROTOCOLS`): a grid row of :class:`benchmarks.schema.Row`.
+(``CLOCKS[device].protocol``): a grid row of :class:`benchmarks.schema.Row`.
 
 Unavailable kernels and undeclared problems are skipped with the reason.
 """
@@ -32,7 +33,7 @@ from .conftest import (
 from .grid import Config, configs, size_limit_reason
 from .memory import peak_extra_bytes
 from .schema import Row
-from .timing import CPU_TIMER, PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
+from .timing import CLOCKS, median_seconds, rounds_for, warm_up
 
 #: Errors with which a kernel refuses a problem it does not support.
 _REFUSALS = (ValueError, TypeError, NotImplementedError)
@@ -47,8 +48,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = anchors + tuple(k for k in kernel_names(config) if k not in anchors)
     params = []
     for cfg in configs(grid_spec(config, device), device, bench_subset(config)):
-        timer = cuda_event_timer if device == "cuda" else CPU_TIMER
-        mark = pytest.mark.benchmark(group=cfg.label, timer=timer)
+        mark = pytest.mark.benchmark(group=cfg.label, timer=CLOCKS[device].timer)
         for name in names:
             label = f"{name}:{cfg.label.replace(' ', '-')}"
             params.append(pytest.param((name, cfg), marks=mark, id=label))
@@ -156,7 +156,7 @@ def test_attention_speed(
         tflops=cfg.flops / seconds / 1e12,
         peak_mem_bytes=peak,
         ratios=ratios,
-        timing=PROTOCOLS[device],
+        timing=CLOCKS[device].protocol,
         launch=launch or None,
     )
     benchmark.extra_info.update(row.extra_info())

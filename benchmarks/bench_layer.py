@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from .conftest import BenchState
 from .memory import peak_extra_bytes
 from .schema import Row
-from .timing import PROTOCOLS, cuda_event_timer, median_seconds, rounds_for, warm_up
+from .timing import CLOCKS, cuda_event_timer, median_seconds, rounds_for, warm_up
 
 ANCHORS = BENCH_ANCHORS["cuda"]
 KERNELS = (*ANCHORS, "triton")  # anchors first: a kernel row finds their times measured
@@ -171,6 +171,6 @@ def test_block_speed(name: str, shape: Shape, benchmark, bench_state: BenchState
         block_tflops=shape.flops / seconds / 1e12,
         peak_mem_bytes=peak,
         ratios=ratios,
-        timing=PROTOCOLS["cuda"],
+        timing=CLOCKS["cuda"].protocol,
     )
     benchmark.extra_info.update(row.extra_info())

@@ -3,9 +3,11 @@
 Every round of a benchmark is preceded by one run of its anchor (:mod:`benchmarks.calibration`:
 plain dense float64 attention, a large problem for BLAS-bound paths, many tiny ones for
 overhead-bound paths), and the gated number is the median over rounds of ``anchor seconds /
-benchmark seconds``. Both are timed in process CPU time with torch single-threaded, so a busy
-or slower CI machine moves both sides alike (on a 2-core box shared with other jobs, wall-clock
-time mostly measures the neighbours). The hot paths and their anchors:
+benchmark seconds``. Both are timed in process CPU time (:data:`benchmarks.timing.GATE_CLOCK`,
+not the grid's wall-clock) with torch single-threaded, so a busy or slower CI machine moves both
+sides alike (on a 2-core box shared with other jobs, wall-clock time mostly measures the
+neighbours; none of these paths sleeps or waits, which process time would not see). The hot
+paths and their anchors:
 
 - ``golden`` (large): :func:`refimpl.golden.attention_golden` (streaming float64, two key
   chunks) and its backward, on the anchor's own shape so both work on data of one size (a
@@ -37,7 +39,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from .calibration import ANCHORS, CALIBRATION_SHAPE, calibration_inputs
 from .conftest import BenchState
 from .schema import Row
-from .timing import CPU_TIMER, PROTOCOLS
+from .timing import GATE_CLOCK
 
 #: Timed rounds per benchmark, each paired with one anchor run.
 ROUNDS = 11
@@ -50,7 +52,7 @@ TRITON_PROBLEM = Problem(b=1, hq=2, hkv=2, nq=64, nk=64, d=32, dv=32, causal=Tru
 EXAMPLES = 20
 PROPERTY_SIZES = Sizes(max_n=48, max_work=400_000)
 
-pytestmark = pytest.mark.benchmark(group="cpu gate", timer=CPU_TIMER)
+pytestmark = pytest.mark.benchmark(group="cpu gate", timer=GATE_CLOCK.timer)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -75,9 +77,9 @@ def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: s
     anchor_times: list[float] = []
 
     def timed_anchor() -> None:
-        start = CPU_TIMER()
+        start = GATE_CLOCK.timer()
         anchor_fn()
-        anchor_times.append(CPU_TIMER() - start)
+        anchor_times.append(GATE_CLOCK.timer() - start)
 
     benchmark.pedantic(fn, setup=timed_anchor, rounds=ROUNDS, warmup_rounds=1)
     times = benchmark.stats.stats.data
@@ -88,7 +90,7 @@ def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: s
         median_s=statistics.median(times),
         anchor_s=statistics.median(anchor_times),
         ratios={anchor: statistics.median(pairs)},
-        timing=PROTOCOLS["cpu"],
+        timing=GATE_CLOCK.protocol,
     )
     benchmark.extra_info.update(row.extra_info())
     return row
@@ -98,7 +100,8 @@ def gated(benchmark, name: str, config: str, fn: Callable[[], object], anchor: s
 def test_calibration_anchor(benchmark, anchor: str) -> None:
     """An anchor itself (ungated): how fast this machine is."""
     benchmark.pedantic(ANCHORS[anchor](), rounds=ROUNDS, warmup_rounds=1)
-    row = Row(kernel=anchor, config="calibration", median_s=benchmark.stats.stats.median)
+    row = Row(kernel=anchor, config="calibration", median_s=benchmark.stats.stats.median,
+              timing=GATE_CLOCK.protocol)
     benchmark.extra_info.update(row.extra_info())
 
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from flashprop.contract.registry import BENCH_ANCHORS, BUILTIN, Kernel, KernelUnavailable, load_kernel
@@ -35,6 +36,7 @@ from .grid import (
     parse_ints,
     parse_names,
 )
+from .schema import Skipped
 from .timing import RoundSetup
 
 _OPTIONS = {
@@ -96,12 +98,18 @@ def bench_subset(config: pytest.Config) -> str | None:
 @dataclass
 class BenchState:
     """Per-session state: loaded kernels (or why not), anchor times, the round setup (L2
-    flush buffer, launch-latency spin)."""
+    flush buffer, launch-latency spin), and the benchmarks skipped for the report."""
 
     device: str
     setup: RoundSetup
     loaded: dict[str, Kernel | str] = field(default_factory=dict)
     anchor_seconds: dict[tuple[str, Config], float | str] = field(default_factory=dict)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def skip(self, suite: str, kernel: str, reason: str) -> NoReturn:
+        """Skip the running benchmark with ``reason``, and keep it for the report's table."""
+        self.skipped.append(Skipped(suite, kernel, reason))
+        pytest.skip(reason)
 
     def load(self, name: str) -> Kernel | str:
         """The kernel, or the reason it cannot run here (cached)."""
@@ -115,17 +123,22 @@ class BenchState:
         return self.loaded[name]
 
 
+_STATE = pytest.StashKey[BenchState]()
+
+
 @pytest.fixture(scope="session")
 def bench_state(request: pytest.FixtureRequest) -> Iterator[BenchState]:
-    """The session state; on the CPU torch runs single-threaded (CPU time of spinning OpenMP
-    workers on a shared 2-core box says more about the neighbours than about the kernel)."""
+    """The session state (kept in the config's stash for the JSON hook below); on the CPU torch
+    runs single-threaded, the kernels and their anchor alike (on a shared 2-core box threads
+    mostly compete with the neighbours, and the ratios would depend on the core count)."""
     import torch
 
     device = bench_device(request.config)
     threads = torch.get_num_threads()
     if device == "cpu":
         torch.set_num_threads(1)
-    yield BenchState(device=device, setup=RoundSetup(device))
+    state = request.config.stash[_STATE] = BenchState(device=device, setup=RoundSetup(device))
+    yield state
     torch.set_num_threads(threads)
 
 
@@ -147,7 +160,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks, output_json: dict) -> None:
-    """With ``--bench-report DIR``, write the markdown table and the plot next to the JSON."""
+    """Add the benchmarks skipped for the report (``output_json["skipped"]``: suite, kernel,
+    reason); with ``--bench-report DIR``, write the markdown table and the plot next to the JSON."""
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.skipped:
+        output_json["skipped"] = [asdict(skipped) for skipped in state.skipped]
     folder = bench_option(config, "--bench-report")
     if folder:
         from .report import write_report

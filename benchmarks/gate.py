@@ -14,8 +14,8 @@ calibration workload on a CPU), so the ratio does not move with the machine, onl
 short by a deadline does not drop what it did not reach; a row of a configuration the run timed
 under another protocol is dropped); ``--replace`` writes the run alone.
 
-Each gated benchmark also names its timing protocol (``extra_info["timing"]``,
-``benchmarks.timing.PROTOCOLS``) and the baseline keeps it per row: a row timed under another
+Each gated benchmark also names its timing protocol (``extra_info["timing"]``: a
+``benchmarks.timing.Clock``'s) and the baseline keeps it per row: a row timed under another
 protocol than the baseline's (or with none recorded) is not compared but reported for
 re-recording, since a change of protocol moves ratios with no change of code (with the spin
 kernel, session 12, the triton forward at d128 causal fp16 N = 2k went from 0.69 to 0.34 ms on

@@ -5,6 +5,9 @@
 writes ``DIR/bench.md`` and, when matplotlib is installed, ``DIR/bench.png``: TFLOP/s against N,
 one line per kernel (anchors dashed), one panel per (head dim, causal), one row of panels per
 (mode, dtype). The same files are written at the end of a bench run given ``--bench-report DIR``.
+Above each timed table a line says which clock timed it and what that clock counts (from the
+rows' protocols, :mod:`benchmarks.timing`); the memory table has a row for every kernel its
+suite was given, a skipped one with the reason.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from pathlib import Path
 from flashprop.contract.registry import BENCH_ANCHORS
 
 from .grid import SHORT_DTYPE
-from .schema import Row, rows
+from .schema import Row, Skipped, rows, skipped
+from .timing import clock_counts
 
 PLOT_NAME, TABLE_NAME = "bench.png", "bench.md"
 #: Kernels drawn dashed: the anchors of every device.
@@ -90,9 +94,14 @@ def split_table(results: Iterable[Row]) -> list[str]:
             "|---|---|---|---|---|---|", *lines]
 
 
+def gate_rows(results: Iterable[Row]) -> list[Row]:
+    """The CPU gate's rows (and its anchors'): timed, with no TFLOP/s and no memory growth."""
+    return [r for r in results if r.tflops is None and r.mem_exponent is None and r.median_s is not None]
+
+
 def calibrated_table(results: Iterable[Row]) -> list[str]:
     """Rows of the CPU gate: speed relative to the calibration anchor (anchor s / benchmark s)."""
-    gate = [r for r in results if r.tflops is None and r.mem_exponent is None and r.median_s is not None]
+    gate = gate_rows(results)
     if not gate:
         return []
     lines = [
@@ -107,17 +116,27 @@ def calibrated_table(results: Iterable[Row]) -> list[str]:
     return lines
 
 
-def memory_table(results: Iterable[Row]) -> list[str]:
-    """Rows of the memory-growth check: peak extra memory at N and 4N, growth exponent."""
+def memory_table(results: Iterable[Row], skips: Iterable[Skipped] = ()) -> list[str]:
+    """Rows of the memory-growth check: peak extra memory at N and 4N, growth exponent; then a
+    row per kernel not measured, with the reason."""
     memory = [r for r in results if r.mem_exponent is not None]
-    if not memory:
+    skips = list(skips)
+    if not memory and not skips:
         return []
-    lines = ["| kernel | N | peak extra MiB | growth exponent |", "|---|---|---|---|"]
+    lines = ["| kernel | N | peak extra MiB | growth exponent | note |", "|---|---|---|---|---|"]
     for r in memory:
         n = " / ".join(map(str, r.mem_n))
         mib = " / ".join(f"{b / 2**20:.1f}" for b in r.mem_peak_bytes)
-        lines.append(f"| {r.kernel} | {n} | {mib} | {r.mem_exponent:.2f} |")
+        lines.append(f"| {r.kernel} | {n} | {mib} | {r.mem_exponent:.2f} |  |")
+    for skip in skips:
+        lines.append(f"| {skip.kernel} | - | - | - | not measured: {skip.reason} |")
     return lines
+
+
+def clock_lines(timed: Iterable[Row]) -> list[str]:
+    """One line per timing protocol among ``timed``: what its clock counts, and its name."""
+    protocols = sorted({r.timing for r in timed if r.timing})
+    return [f"Clock: {clock_counts(p)}. Protocol: `{p}`." for p in protocols]
 
 
 def plot(results: Iterable[Row], path: Path) -> str | None:
@@ -178,14 +197,18 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
         written.append(png)
     else:
         lines += [f"(no plot: {why_not})", ""]
-    for title, body in (
-        ("Kernels (TFLOP/s)", grid_table(results)),
-        ("Forward and backward against the anchors (higher is faster)", split_table(results)),
-        ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))", memory_table(results)),
-        ("Suite hot paths (CPU gate)", calibrated_table(results)),
+    grid = [r for r in results if r.tflops is not None]
+    gate = gate_rows(results)
+    for title, body, timed in (
+        ("Kernels (TFLOP/s)", grid_table(results), grid),
+        ("Forward and backward against the anchors (higher is faster)", split_table(results), grid),
+        ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))",
+         memory_table(results, skipped(output_json, "memory")), []),
+        ("Suite hot paths (CPU gate)", calibrated_table(results), gate),
     ):
         if body:
-            lines += [f"## {title}", "", *body, ""]
+            clock = clock_lines(timed)
+            lines += [f"## {title}", "", *clock, *([""] if clock else []), *body, ""]
     md = folder / TABLE_NAME
     md.write_text("\n".join(lines))
     written.append(md)
@@ -199,6 +222,7 @@ def merge(paths: Iterable[Path]) -> dict:
         data = json.loads(Path(path).read_text())
         merged.setdefault("machine_info", data.get("machine_info", {}))
         merged["benchmarks"] += data.get("benchmarks", [])
+        merged["skipped"] = merged.get("skipped", []) + data.get("skipped", [])
     return merged
 
 

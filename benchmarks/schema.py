@@ -15,9 +15,12 @@ Which fields a row fills in, besides ``kernel`` and ``config`` (a stable label o
     gate     (bench_suite) median_s, anchor_s, ratios, timing; examples_per_s for Hypothesis
     anchor   (bench_suite's calibration anchors) median_s
 
+A suite may also list what it skipped, for the report (``output_json["skipped"]``, written by
+``conftest.py``'s JSON hook): one :class:`Skipped` each, read back by :func:`skipped`.
+
 ``ratios`` maps each anchor to ``anchor seconds / kernel seconds``, both measured in the same
 run (higher is faster): the number ``ci/bench_gate.py`` compares with its baseline, only
-between rows timed under the same protocol, ``timing`` (:data:`benchmarks.timing.PROTOCOLS`).
+between rows timed under the same protocol, ``timing`` (a ``benchmarks.timing.Clock``'s protocol).
 """
 
 from __future__ import annotations
@@ -99,3 +102,19 @@ class Row:
 def rows(output_json: Mapping) -> list[Row]:
     """The rows of a pytest-benchmark JSON document (benchmarks without ``extra_info`` left out)."""
     return [Row.read(b["extra_info"]) for b in output_json.get("benchmarks", []) if b.get("extra_info")]
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A benchmark a suite did not run, for the report: the suite (``memory``), the kernel and
+    why (the text of its pytest skip)."""
+
+    suite: str
+    kernel: str
+    reason: str
+
+
+def skipped(output_json: Mapping, suite: str) -> list[Skipped]:
+    """The benchmarks of ``suite`` that a pytest-benchmark JSON document lists as skipped."""
+    listed = (Skipped(**entry) for entry in output_json.get("skipped", []))
+    return [entry for entry in listed if entry.suite == suite]

@@ -51,10 +51,12 @@ def chunks_per_gpu(chunks: list[str], ids: list[str]) -> list[tuple[str | None, 
 
 def merge_benchmarks(parts: list[Path], out: Path) -> None:
     """pytest-benchmark JSON files merged into one: the first one's header, every file's
-    benchmarks in the order of ``parts``."""
+    benchmarks (and what they list as skipped, for the report) in the order of ``parts``."""
     merged = json.loads(parts[0].read_text())
     for part in parts[1:]:
-        merged["benchmarks"] += json.loads(part.read_text())["benchmarks"]
+        data = json.loads(part.read_text())
+        merged["benchmarks"] += data["benchmarks"]
+        merged["skipped"] = merged.get("skipped", []) + data.get("skipped", [])
     out.write_text(json.dumps(merged, indent=1))
 
 

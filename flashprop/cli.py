@@ -142,8 +142,10 @@ def replay(ns: argparse.Namespace) -> int:
 
 def bench(ns: argparse.Namespace) -> int:
     """Time kernels on the benchmark grid against the anchors (sdpa-math on the CPU, SDPA flash
-    and cuDNN on a GPU), with pytest-benchmark; print the markdown table. Unavailable kernels and
-    undeclared problems are skipped with the reason."""
+    and cuDNN on a GPU), with pytest-benchmark, and measure their memory growth with N; print the
+    markdown table. Clocks: CUDA events on a GPU, wall-clock time on the CPU (sleeps and waits
+    count; the 'suite' gate alone uses process CPU time); each table names its clock. Unavailable
+    kernels and undeclared problems are skipped with the reason (in the memory table too)."""
     if importlib.util.find_spec("pytest_benchmark") is None:
         print("flashprop bench: needs pytest-benchmark (pip install 'flashprop[bench]')", file=sys.stderr)
         return 2
