@@ -138,7 +138,8 @@ def _import_module(spec: str, target: str):
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
-            raise KernelSpecError(f"kernel {spec}: file {target} does not exist ({_folder_listing(path.parent)})")
+            listing = _folder_listing(path.parent)
+            raise KernelSpecError(f"kernel {spec}: file {target} does not exist ({listing})")
         name = f"flashprop_user_{path.stem}"
         mod_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(mod_spec)
@@ -199,7 +200,8 @@ def load_kernel(spec: str) -> Kernel:
         raise KernelUnavailable(f"kernel {spec}: {reason}")
     caps = getattr(fn, "capabilities", FULL_SUPPORT)
     if not isinstance(caps, Capabilities):
-        raise KernelSpecError(f"kernel {spec}: .capabilities must be a flashprop.Capabilities, got {type(caps)}")
+        raise KernelSpecError(f"kernel {spec}: .capabilities must be a flashprop.Capabilities, "
+                              f"got {type(caps)}")
     for mode, declared in (("varlen", caps.varlen), ("kvcache", caps.kvcache is not None)):
         if declared and not callable(getattr(fn, mode, None)):
             raise KernelSpecError(f"kernel {spec} declares {mode} but has no entry point fn.{mode}")

@@ -21,6 +21,8 @@ Options:
                                               (``harness/timebox.py``); the fuzz profile
                                               on the CPU with the default kernel is boxed at
                                               DEFAULT_CPU_BOX unless --time or --max-examples
+    --shrink-seconds S                        longest a property shrinks a failure (default 60;
+                                              ``harness.timebox.Shrinking``)
     --tracebacks-file PATH                    the failed tests' full tracebacks go there, not
                                               to the terminal (``flashprop fuzz`` does this)
 
@@ -111,6 +113,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="DURATION",
         help="time box for the whole run (600, 90s, 10m, 1h): each property gets its share",
+    )
+    group.addoption(
+        "--shrink-seconds",
+        type=float,
+        default=None,
+        metavar="S",
+        help="longest a property shrinks its failure, from the failure found (default 60; in a time "
+        "box, until its share ends and at least 10 s); the report says when shrinking was cut short",
     )
     group.addoption(
         "--tracebacks-file",
@@ -210,6 +220,10 @@ def pytest_configure(config: pytest.Config) -> None:
         except (OSError, ValueError) as err:
             raise pytest.UsageError(f"--known-failures: {err}") from err
     overrides = {}
+    if config.getoption("--shrink-seconds") is not None:
+        from flashprop.harness.timebox import SHRINK_SECONDS
+
+        SHRINK_SECONDS["limit"] = config.getoption("--shrink-seconds")
     n = config.getoption("--max-examples")
     if n is not None:
         overrides["max_examples"] = n
@@ -415,11 +429,13 @@ def sizes(request: pytest.FixtureRequest, device: str):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A signal that asked the run to stop, and whose KeyboardInterrupt was lost, stops it here;
-    the test's module and function are noted for the replay commands of its failures."""
+    the test's module and function are noted for the replay commands of its failures, and its
+    case for its example database key (``harness.campaign.note_case``)."""
     from flashprop.harness import check
-    from flashprop.harness.campaign import stop_if_asked
+    from flashprop.harness.campaign import note_case, stop_if_asked
 
     stop_if_asked()
+    note_case(item)
     module = getattr(item, "module", None)
     check.RUNNING_TEST = (f"{module.__name__.rpartition('.')[2]}::{item.originalname}"
                           if module is not None and hasattr(item, "originalname") else None)

@@ -92,6 +92,52 @@ def share() -> tuple[float, float] | None:
     return time.monotonic() + seconds, seconds
 
 
+#: Seconds a property may spend shrinking its failure, from the failure found (``--shrink-seconds``).
+SHRINK_SECONDS = {"limit": 60.0}
+#: In a time box, a failure found at the end of its property's share still gets this long.
+SHRINK_FLOOR = 10.0
+
+
+class Shrinking:
+    """The time one property spends shrinking its failures, and the failures found so far.
+
+    Shrinking ends :data:`SHRINK_SECONDS` after the first failure; in a time box at the end of
+    the property's share, or :data:`SHRINK_FLOOR` seconds after the failure if that is later
+    (never past the limit). Once it has ended, a problem that failed before raises its error
+    again and any other problem is not run (it "passes"): Hypothesis's shrinker then finds
+    nothing smaller at once and reports the smallest failing problem found, and :attr:`cut`
+    counts the problems left unrun."""
+
+    def __init__(self, slot_end: float | None) -> None:
+        self.slot_end = slot_end
+        self.deadline: float | None = None
+        self.started = 0.0
+        self.failures: dict[object, BaseException] = {}
+        self.cut = 0
+
+    def failed(self, problem: object, error: BaseException) -> None:
+        """``problem`` failed, raising ``error``; the first failure starts the shrinking clock."""
+        if self.deadline is None:
+            self.started = now = time.monotonic()
+            limit = now + SHRINK_SECONDS["limit"]
+            box = limit if self.slot_end is None else max(self.slot_end, now + SHRINK_FLOOR)
+            self.deadline = min(limit, box)
+        self.failures[problem] = error
+
+    def over(self) -> bool:
+        """Whether shrinking has run out of time."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def note(self) -> str | None:
+        """The report's closing line when shrinking was cut short, else ``None``."""
+        if not self.cut or self.deadline is None:
+            return None
+        why = "its share of the time box" if self.slot_end is not None else "--shrink-seconds"
+        return (f"shrinking stopped after {self.deadline - self.started:.0f} s ({why}), "
+                f"{self.cut} smaller candidates untried: a smaller problem may fail too "
+                "(--shrink-seconds gives it longer)")
+
+
 def note_cut() -> None:
     _box["cut"] = _box.get("cut", 0.0) + 1
 
