@@ -108,6 +108,7 @@ class BenchState:
 
     def skip(self, suite: str, kernel: str, reason: str) -> NoReturn:
         """Skip the running benchmark with ``reason``, and keep it for the report's table."""
+        __tracebackhide__ = True  # pytest's skip line names the benchmark's line, not this one
         self.skipped.append(Skipped(suite, kernel, reason))
         pytest.skip(reason)
 
