@@ -2,8 +2,9 @@
 
 For each kind of failure (a wrong o, a base-2 lse, a varlen boundary leak, a window off by one,
 a paged cache read wrongly under split-KV, a wrong dV, a wrong dsinks, ALiBi's sign, a bug only
-explicit tiles reach, a kernel that raises) a planted-bug kernel (``mutants.catalogue``, or a
-file written here) fails a golden property run by ``run_property``; the repro printed in its
+explicit tiles reach, a view past 2^31 elements, a kernel that raises) a planted-bug kernel
+(``mutants.catalogue``, or a file written here) fails a golden property (or the spread one) run
+by ``run_property``; the repro printed in its
 report, saved as a file and run by a fresh python from a folder that holds nothing but the
 kernel's file (flashprop importable, as in a checkout), calls the same entry point with the same
 keywords, prints the failing output with FAIL (the others with PASS) and exits with status 1.
@@ -33,6 +34,8 @@ from flashprop.harness.check import (
     run_property,
 )
 from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, forget
+from flashprop.harness.scale_problems import SPREAD_LAYOUTS, host_reserve_limit, spread_span_bytes
+from flashprop.properties import test_huge
 from hypothesis import Phase
 from hypothesis import strategies as st
 
@@ -73,6 +76,18 @@ class _TwiceDv(torch.autograd.Function):
 
 def attn(q, k, v, **kw):
     return blocked(q, k, _TwiceDv.apply(v), **kw)
+
+attn.capabilities = replace(blocked.capabilities, varlen=False, kvcache=None)  # dense only
+'''
+SPREAD_BUG = '''
+from dataclasses import replace
+from flashprop.contract.validate import extent
+from flashprop.refimpl.blocked import attention as blocked
+
+def attn(q, k, v, **kw):
+    """Right, except o is off by 1 where q spans past 2^31 elements (32-bit offsets)."""
+    o, lse = blocked(q, k, v, **kw)
+    return (o + 1 if extent(q) > 2**31 - 1 else o), lse
 
 attn.capabilities = replace(blocked.capabilities, varlen=False, kvcache=None)  # dense only
 '''
@@ -137,6 +152,11 @@ CASES = {
                    "attn(q, k, v, causal=False, alibi_slopes=alibi_slopes)"), fails=("o",)),
     "tiles": Case(_mutant("blocked_tail_skipped"), Problem(nq=4, nk=64, d=8, dv=8, block_m=3, block_n=3),
                   FORWARD, ("attn(q, k, v, causal=False, block_m=3, block_n=3)",), fails=("o",)),
+    "spread": Case("./spread_bug.py:attn", Problem(b=2, nq=4, nk=4, d=8, dv=8, layout="spread-batch",
+                                                   dtype=torch.float16), ("o", "lse", "dq", "dk", "dv"),
+                   ("inp, do = spread_inputs(p, requires_grad=True)", "o, lse = attn(q, k, v, causal=False)",
+                    "torch.autograd.grad(o, (q, k, v), do"), fails=("o",), passes=("lse", "dq", "dk", "dv"),
+                   source=SPREAD_BUG),
     "raises": Case("./raises.py:attn", Problem(nq=4, nk=4, d=8, dv=8), FORWARD, ("attn(q, k, v",),
                    raises="RuntimeError: no kernel compiled for head dim 8", source=RAISES),
 }
@@ -149,16 +169,18 @@ def quick(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _report(kernel: Kernel, problem: Problem, judged: tuple[str, ...]) -> str:
-    """The report of a golden property (run_kernel, then assert_close_to_golden on ``judged``)
-    failing on ``problem``."""
+    """The report of a golden property (run_kernel, then assert_close_to_golden on ``judged``;
+    a spread problem: the spread property's check) failing on ``problem``."""
 
     def golden_check(kernel: Kernel, p: Problem) -> None:
         out = run_kernel(kernel, p, PROP, backward=any(n in GRADIENTS for n in judged))
         assert_close_to_golden(kernel, p, PROP, out, judged)
 
+    spread = problem.layout in SPREAD_LAYOUTS
     try:
         with pytest.raises(PropertyFailure) as failed:
-            run_property(kernel, PROP, st.just(problem), golden_check)
+            check = test_huge.spread_check(PROP) if spread else golden_check
+            run_property(kernel, PROP, st.just(problem), check)
     finally:
         forget(kernel.name)
     return str(failed.value)
@@ -185,6 +207,9 @@ def _run(script: str, folder: Path, scripts: Path) -> subprocess.CompletedProces
 def test_the_repro_reproduces_the_failure(kind: str, quick: None, tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch):
     case = CASES[kind]
+    if case.problem.layout in SPREAD_LAYOUTS and host_reserve_limit() < spread_span_bytes(case.problem):
+        pytest.skip(f"the spread case's views reserve {spread_span_bytes(case.problem) / 2**30:.0f} GiB "
+                    "of address space each; this host cannot reserve that much")
     folder, scripts = tmp_path / "user", tmp_path / "scripts"
     folder.mkdir()
     scripts.mkdir()

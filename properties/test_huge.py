@@ -33,13 +33,12 @@ from flashprop.harness.check import (
     KernelRefused,
     Outputs,
     PropertyFailure,
+    failure,
     judge,
     reference_for,
-    replay_command,
     run_kernel,
     run_property,
 )
-from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER
 from flashprop.harness.scale_problems import (
     AXES,
     ROW_BLOCK_ALIGN,
@@ -79,10 +78,12 @@ class OutOfDeviceMemory(Exception):
 @dataclass
 class Verdict:
     """A huge or spread example's outcome: refused (a clear error on an undeclared problem), or
-    what differed (empty: it passed)."""
+    what differed (empty: it passed); ``judged``: the outputs its repro judges against the golden
+    (none for a huge example, whose units are compared with themselves run alone)."""
 
     refused: bool = False
     details: list[str] | None = None
+    judged: tuple[str, ...] = ()
 
     def outcome(self, kernel: Kernel, p: Problem, prop: str, inputs: str) -> str | None:
         """What a property check returns: ``"refused"``, ``None`` for a pass; a difference raises
@@ -90,31 +91,17 @@ class Verdict:
         if self.refused:
             return "refused"
         if self.details:
-            raise PropertyFailure(scale_failure(kernel, p, prop, self.details, inputs))
+            raise PropertyFailure(scale_failure(kernel, p, prop, self.details, inputs, self.judged))
         return None
 
 
-def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inputs: str) -> str:
-    """A failure report for a huge or spread problem: the report of
-    :func:`harness.check.failure`, whose repro rebuilds the tensors by ``inputs``."""
-    tiles = "".join(f", {n}={v}" for n, v in (("block_m", p.block_m), ("block_n", p.block_n)) if v)
-    lines = [
-        f"property {prop!r} failed for kernel {kernel.name!r}",
-        f"problem: {p.describe()}",
-        *details,
-        REPRO_HEADER,
-        "    import torch",
-        "    from flashprop.contract.registry import load_kernel",
-        "    from flashprop.contract.problem import Problem",
-        f"    from flashprop.harness.scale_problems import {inputs.split('(')[0]}",
-        f"    p = {p.constructor()}",
-        f"    inp, do = {inputs}",
-        f"    o, lse = load_kernel({kernel.name!r}).call(p.mode, inp.args, inp.kwargs, "
-        f"causal=p.causal, scale=p.scale{tiles})",
-        REPLAY_HEADER,
-        "    " + replay_command(kernel.name, prop, p),
-    ]
-    return "\n".join(lines)
+def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inputs: str,
+                  judged: tuple[str, ...]) -> str:
+    """A failure report for a huge or spread problem: :func:`harness.check.failure`'s, whose
+    repro rebuilds the tensors by ``inputs`` (a call of ``harness.scale_problems``) and judges
+    ``judged`` against the golden."""
+    return failure(kernel, p, prop, details, judged=judged,
+                   inputs=("flashprop.harness.scale_problems", inputs))
 
 
 def bitwise_difference(name: str, a: torch.Tensor, b: torch.Tensor) -> str | None:
@@ -302,19 +289,19 @@ def run_spread(kernel: Kernel, p: Problem, prop: str, *, declared: bool = True) 
     if p.device == "cuda" and 4 * spread_span_bytes(p) > device_free_bytes(p.device):
         reject()
     inputs, do = spread_inputs(p, backward)
+    names = ("o", "lse", *GRADIENTS) if backward else ("o", "lse")
     try:
         out = run_kernel(kernel, p, prop, backward=backward, inputs=inputs, grad_output=do,
                          declared=declared)
     except KernelRefused:
         return Verdict(refused=True)
     except PropertyFailure as err:  # reported with the spread repro, not the dense one
-        return Verdict(details=[boundary_note(p), *_failure_details(str(err))])
+        return Verdict(details=[boundary_note(p), *_failure_details(str(err))], judged=names)
     del inputs, do
-    names = ("o", "lse", *GRADIENTS) if backward else ("o", "lse")
     results = judge(kernel, p.replace(layout="contiguous"), out, names)
     if all(r.ok for r in results):
         return Verdict(details=[])
-    return Verdict(details=[boundary_note(p), *(r.describe() for r in results)])
+    return Verdict(details=[boundary_note(p), *(r.describe() for r in results)], judged=names)
 
 
 def spread_check(prop: str, *, declared: bool = True):
@@ -323,7 +310,7 @@ def spread_check(prop: str, *, declared: bool = True):
     def check(kernel: Kernel, p: Problem) -> str | None:
         with exclusive_device(p.device):
             verdict = run_spread(kernel, p, prop, declared=declared)
-        inputs = f"spread_inputs(p, requires_grad={kernel.capabilities.backward})"
+        inputs = f"spread_inputs(p, requires_grad={'dq' in verdict.judged})"
         return verdict.outcome(kernel, p, prop, inputs)
 
     return check
