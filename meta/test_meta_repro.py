@@ -278,13 +278,15 @@ class _Recorder:
         return self._record("kvcache", q, kw)
 
 
-def _written_call(script: str) -> tuple[str, dict[str, object]]:
-    """The entry point the repro calls and its keywords (literals as values, names as ``str``)."""
+def _written_call(script: str) -> tuple[str, int, dict[str, object]]:
+    """The entry point the repro calls, its number of positional arguments and its keywords
+    (literals as values, names as ``str``)."""
     for node in ast.walk(ast.parse(script)):
         if isinstance(node, ast.Call) and ast.unparse(node.func) in ("attn", "attn.varlen", "attn.kvcache"):
             mode = ast.unparse(node.func).removeprefix("attn").removeprefix(".") or "dense"
-            return mode, {kw.arg: ast.literal_eval(kw.value) if not isinstance(kw.value, ast.Name)
-                          else kw.value.id for kw in node.keywords}
+            keywords = {kw.arg: kw.value.id if isinstance(kw.value, ast.Name) else ast.literal_eval(kw.value)
+                        for kw in node.keywords}
+            return mode, len(node.args), keywords
     raise AssertionError(f"no kernel call in\n{script}")
 
 
@@ -295,8 +297,8 @@ def test_the_repro_passes_what_the_suite_passes(p: Problem):
     recorder = _Recorder()
     run_kernel(Kernel("meta-recorder", recorder, load_kernel("ref-blocked").capabilities), p, PROP)
     (mode, passed), = recorder.calls
-    written_mode, written = _written_call(p.repro("meta-recorder"))
-    assert written_mode == mode == p.mode
+    written_mode, positional, written = _written_call(p.repro("meta-recorder"))
+    assert written_mode == mode == p.mode and positional == len(p.kernel_inputs().args)
     assert set(written) == set(passed), (written, passed)
     for name, value in passed.items():
         expected = name if isinstance(value, torch.Tensor) else value
