@@ -1,8 +1,10 @@
 """``kernels.layer.FlashAttention``: the drop-in attention layer computes what it replaces.
 
-Kernel-independent plain pytest tests on the CPU with the ``ref-blocked`` kernel (pinned: the
-layer's default is the Triton kernel on a CUDA machine), single-threaded (tiny ops; OpenMP
-workers spinning on a shared 2-core box only add noise):
+Meta-tests (of flashprop's own layer, not of the kernel under test: ``flashprop fuzz`` does not
+run them), on the CPU with the ``ref-blocked`` kernel (pinned: the layer's default is the Triton
+kernel on a CUDA machine), single-threaded (tiny ops; OpenMP workers spinning on a shared 2-core
+box only add noise). ``--device cuda`` runs the inductor test as well
+(``python -m pytest meta/test_meta_layer.py --device cuda``):
 
 1. Same function as ``nn.MultiheadAttention`` with the same weights (``from_multihead_attention``),
    forward and parameter gradients, float32 and float64, self-attention plain, causal, from a
@@ -55,6 +57,8 @@ from flashprop.kernels.layer import FlashAttention, attention_backward_op, atten
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention as blocked_attention
 from torch import Tensor, nn
+
+pytestmark = pytest.mark.meta
 
 KERNEL = "ref-blocked"
 DTYPES = (torch.float32, torch.float64)
