@@ -4,6 +4,10 @@
   (``DirectoryBasedExampleDatabase``, safe to share between processes on one machine) or a Redis
   server (``RedisExampleDatabase``) that workers on several machines share, so a failure found by
   one is replayed first by the others and by the next run.
+- :func:`database_key`: where a property test keeps its examples in any database (those two, or
+  the profile's own ``.hypothesis/examples``): one key per kernel spec, declaration
+  (:func:`declaration_digest`), test case (:func:`note_case`) and property, the same in every
+  process, so a run of one kernel neither replays nor deletes another's examples.
 - :func:`configure_worker`: a worker ``gwI`` takes CUDA device ``I mod count`` (of the devices
   ``CUDA_VISIBLE_DEVICES`` leaves visible) and notes its examples and tallies in files the
   controller reads.
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -32,12 +38,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import hypothesis.core
 import pytest
+from flashprop.contract.capabilities import Capabilities, Limit
 from flashprop.harness import compile_locks
 from flashprop.harness.report import autosave, merge_rows, note_cause, note_current, record, save_now
+
+if TYPE_CHECKING:  # pragma: no cover
+    from flashprop.contract.registry import Kernel
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"
@@ -62,6 +72,60 @@ def example_database(spec: str):
             raise ValueError(f"--example-db {spec}: Redis needs the redis package ({err})") from err
         return RedisExampleDatabase(redis.Redis.from_url(spec), key_prefix=b"flashprop:")
     return DirectoryBasedExampleDatabase(spec)
+
+
+#: The running test's case as :func:`note_case` wrote it (``None`` outside a pytest test).
+RUNNING_CASE: str | None = None
+#: The test parameters that do not set the case apart: the kernel is a key of its own, and the
+#: shards of one property test share its examples.
+_NOT_THE_CASE = frozenset({"kernel", "flashprop_shard"})
+
+
+def note_case(item: pytest.Item) -> None:
+    """Note the test ``item`` that starts as ``MODULE::FUNCTION[name=value, ...]``: the last part
+    of its module's name (the same in a checkout and in the installed ``flashprop.properties``),
+    its function, and its parameters but the kernel and the shard."""
+    global RUNNING_CASE
+    module = getattr(item, "module", None)
+    if module is None:
+        RUNNING_CASE = None
+        return
+    params = item.callspec.params if hasattr(item, "callspec") else {}
+    case = ", ".join(f"{name}={value}" for name, value in sorted(params.items()) if name not in _NOT_THE_CASE)
+    name = getattr(item, "originalname", item.name)
+    RUNNING_CASE = f"{module.__name__.rpartition('.')[2]}::{name}" + (f"[{case}]" if case else "")
+
+
+def _canonical(value: object) -> str:
+    """``value`` as text that every process writes alike: a dataclass by its fields, a set with
+    its items sorted, a :class:`Limit` by its reason and ``raises`` (its predicate is code, whose
+    repr is an address; the reason names the limit), anything else by its repr."""
+    if isinstance(value, Limit):
+        return f"Limit({value.reason!r}, raises={value.raises})"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = (f"{f.name}={_canonical(getattr(value, f.name))}" for f in dataclasses.fields(value))
+        return f"{type(value).__name__}({', '.join(fields)})"
+    if isinstance(value, set | frozenset):
+        return "{" + ", ".join(sorted(map(_canonical, value))) + "}"
+    if isinstance(value, list | tuple):
+        return "(" + ", ".join(map(_canonical, value)) + ")"
+    return repr(value)
+
+
+def declaration_digest(capabilities: Capabilities) -> str:
+    """The first 16 hex digits of the SHA-256 of the declaration's canonical text: the same in
+    every process (whatever ``PYTHONHASHSEED``), and another when any field or limit changes."""
+    return hashlib.sha256(_canonical(capabilities).encode()).hexdigest()[:16]
+
+
+def database_key(kernel: Kernel, prop: str, case: str | None) -> bytes:
+    """The example database key of property ``prop`` in test ``case`` (:data:`RUNNING_CASE`) on
+    ``kernel``: its spec, its declaration's digest, the case and the property, as JSON. Hypothesis
+    derives its secondary and pareto keys from it by suffixes. A changed declaration draws other
+    problems (and refuses others), so its examples start afresh; the shards of one test share
+    one key."""
+    return json.dumps({"kernel": kernel.name, "declaration": declaration_digest(kernel.capabilities),
+                       "test": case, "property": prop}).encode()
 
 
 def configure_node(node) -> None:

@@ -20,8 +20,8 @@ import pytest
 import torch
 from flashprop.contract.problem import KernelInputs, Problem
 from flashprop.contract.registry import Kernel
-from flashprop.harness import timebox
-from flashprop.harness.campaign import current_shard, end_worker, stop_if_asked
+from flashprop.harness import campaign, timebox
+from flashprop.harness.campaign import current_shard, database_key, end_worker, stop_if_asked
 from flashprop.harness.diagnosis import diagnose
 from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, TALLIES, begin, expect, noting, record
 from flashprop.harness.strategies import DRAWN
@@ -325,7 +325,9 @@ def run_property(
     (error-contract properties), else ``None`` for a pass; it raises on failure. ``weight``
     scales the profile's ``max_examples`` for expensive properties. ``explicit``: problems run
     first, whatever is drawn after (Hypothesis's explicit examples; not in a replay, and under
-    ``--shards`` by shard 0 alone).
+    ``--shards`` by shard 0 alone). The example database keeps the test's examples under
+    :func:`campaign.database_key` (the kernel, its declaration, the test case and ``prop``), in
+    use under ``--shards`` and ``--hypothesis-seed`` too.
     """
     if BROKEN:
         message = next(iter(BROKEN.values()))
@@ -376,7 +378,10 @@ def run_property(
         examples = example(problem)(examples)
     DRAWN.reset()
     try:
-        settings(base, max_examples=n)(given(problems)(examples))()
+        test = settings(base, max_examples=n)(given(problems)(examples))
+        # Hypothesis keys the database by the test function's source, one for every property here
+        test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
+        test()
     except Unsatisfiable:
         undeclared = DRAWN.nothing_declared()
         if undeclared is None:  # the property's own conditions draw nothing: its defect

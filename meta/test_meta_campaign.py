@@ -194,6 +194,133 @@ def test_runs_sharing_a_redis_database_replay_a_failure_first(tmp_path: Path, re
     assert "nk=17" in found[1]["failure"], found[1]["failure"]
 
 
+#: A planted bug the forward property finds within its first examples, never on its simplest
+#: problem (Hq = Hkv), and the correct kernel it is derived from.
+GQA_BUG, CORRECT = "mutants.catalogue:blocked_gqa_head_modulo", "ref-blocked"
+
+
+def _fuzz_forward(kernel: str, examples: int, folder: Path, database: str | None = None,
+                  *pytest_args: str) -> subprocess.CompletedProcess:
+    """``flashprop fuzz KERNEL --properties golden`` (its forward test only) in ``folder``, with the
+    fuzz profile's own directory database there or ``--example-db database``."""
+    cmd = [sys.executable, "-m", "flashprop.cli", "fuzz", kernel, "--properties", "golden", "--device", "cpu",
+           "--max-examples", str(examples), "--tracebacks-file", str(folder / "tracebacks.txt"),
+           *(["--example-db", database] if database else []), "--", "-k", "forward", *pytest_args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FLASHPROP_PROBE_OUT": str(folder / "probe.json")}
+    run = subprocess.run(cmd, cwd=folder, capture_output=True, text=True, timeout=240, env=env)
+    assert run.returncode in (0, 1), run.stdout + run.stderr
+    return run
+
+
+def _probed(kernel: str, examples: int, folder: Path, database: str | None) -> dict:
+    """:func:`_fuzz_forward` under ``mutants.probe``: its entry of the kernel (its status, and
+    the examples up to its first failure)."""
+    _fuzz_forward(kernel, examples, folder, database, "-p", "mutants.probe")
+    return json.loads((folder / "probe.json").read_text())[kernel]
+
+
+def _saved(folder: Path, client) -> set:
+    """Every example saved in the database: (key, value) pairs of the Redis ``client``, else the
+    files of the fuzz profile's directory database in ``folder``."""
+    if client is not None:
+        return {(key, value) for key in client.keys("flashprop:*") for value in client.smembers(key)}
+    return {p.relative_to(folder) for p in (folder / ".hypothesis" / "examples").rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize("where", ["directory", "redis"])
+def test_the_example_database_is_per_kernel(tmp_path: Path, where: str, request: pytest.FixtureRequest):
+    """A failing kernel, then a passing one, then the failing one with one example, each a fresh
+    ``flashprop fuzz`` process on the same database (the fuzz profile's ``.hypothesis/`` in the
+    folder they run in, or a real Redis server): the passing kernel's run deletes none of the
+    other's saved examples, and the third run's one example is the saved failure."""
+    database, client = request.getfixturevalue("redis_url") if where == "redis" else (None, None)
+    first = _probed(GQA_BUG, 100, tmp_path, database)
+    assert first["status"] == "caught" and first["examples"] > 1, first  # found by drawing, not first
+    saved = _saved(tmp_path, client)
+    assert saved, "the failing kernel's run saved nothing"
+    correct = _probed(CORRECT, 20, tmp_path, database)
+    assert correct["status"] == "survived" and correct["examples_total"] == 20, correct
+    assert saved <= _saved(tmp_path, client), "the passing kernel's run deleted the other's examples"
+    again = _probed(GQA_BUG, 1, tmp_path, database)
+    assert again["status"] == "caught" and again["examples"] == 1, again  # the saved failure, replayed
+    assert "hq=4, hkv=2" in again["failure"], again["failure"]
+
+
+#: A declaration whose text a careless digest would write differently in each process: sets of
+#: strings (their order follows PYTHONHASHSEED) and a limit's predicate (its repr is an address).
+DECLARATION = textwrap.dedent('''
+    import torch
+    from flashprop.contract.capabilities import Capabilities, KVCache, Limit
+    from flashprop.contract.registry import Kernel
+    from flashprop.harness.campaign import database_key
+
+    CAPS = Capabilities(devices=frozenset({"cpu", "cuda"}), alibi=frozenset({"head", "batch-head"}),
+                        dtypes=frozenset({torch.float16, torch.bfloat16}), head_dims={64, 128, 32},
+                        kvcache=KVCache(page_sizes=(16,)), limits=(Limit("odd Nk", lambda p: p.nk % 2 == 1),))
+    KEY = database_key(Kernel("my.py:attn", lambda q, k, v: q, CAPS), "forward", "test_golden::test_forward")
+''')
+
+
+def test_database_keys_tell_kernels_declarations_tests_and_properties_apart():
+    """The same key in every process (whatever PYTHONHASHSEED); another for another kernel spec,
+    declaration (a field, a limit's reason), test case or property."""
+    from dataclasses import replace
+
+    from flashprop.contract.capabilities import Limit
+    from flashprop.contract.registry import Kernel
+
+    keys = set()
+    for seed in ("1", "2"):
+        out = subprocess.run([sys.executable, "-c", DECLARATION + "print(KEY.decode())"], capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}).stdout
+        keys.add(out.strip())
+    namespace: dict = {}
+    exec(DECLARATION, namespace)
+    key, caps = namespace["KEY"], namespace["CAPS"]
+    assert keys == {key.decode()}, keys
+    assert json.loads(key)["kernel"] == "my.py:attn"
+
+    def other(name="my.py:attn", declaration=caps, prop="forward", case="test_golden::test_forward"):
+        return campaign.database_key(Kernel(name, lambda q, k, v: q, declaration), prop, case)
+
+    assert other() == key  # another lambda with the same reason: the same declaration
+    others = [other(name="other.py:attn"), other(declaration=replace(caps, causal=False)),
+              other(declaration=replace(caps, limits=(Limit("even Nk", lambda p: p.nk % 2 == 0),))),
+              other(declaration=replace(caps, limits=())), other(prop="backward"),
+              other(case="test_golden::test_forward[corruption=x]")]
+    assert len({key, *others}) == 1 + len(others)
+
+
+class _Item:
+    """What campaign.note_case reads of a pytest item."""
+
+    def __init__(self, module: str, params: dict):
+        self.module, self.originalname = type(sys)(module), "test_x"
+        self.name, self.callspec = "test_x[...]", type("CallSpec", (), {"params": params})()
+
+
+def test_a_test_case_is_its_module_function_and_parameters_but_kernel_and_shard(monkeypatch):
+    monkeypatch.setattr(campaign, "RUNNING_CASE", None)  # restored after the test
+    cases = []
+    for module, params in [("properties.test_golden", {"kernel": "a", "corruption": "nan"}),
+                           ("flashprop.properties.test_golden", {"kernel": "b", "flashprop_shard": 3,
+                                                                 "corruption": "nan"}),
+                           ("flashprop.properties.test_golden", {"kernel": "a", "corruption": "inf"})]:
+        campaign.note_case(_Item(module, params))
+        cases.append(campaign.RUNNING_CASE)
+    assert cases[0] == cases[1] == "test_golden::test_x[corruption=nan]", cases  # checkout, installed, shard
+    assert cases[2] == "test_golden::test_x[corruption=inf]"
+
+
+def test_the_shards_of_a_property_replay_its_saved_failure(tmp_path: Path):
+    """The shards of a property test share its database key with the unsharded test, and their
+    seeds leave the database in use (Hypothesis leaves it off under a forced seed): after a run
+    that found the failure, two shards of one example each fail both."""
+    assert "1 failed" in _fuzz_forward(GQA_BUG, 100, tmp_path).stdout
+    sharded = _fuzz_forward(GQA_BUG, 2, tmp_path, None, "--shards", "2")
+    assert "2 failed" in sharded.stdout, sharded.stdout  # a shard's one example passes unless replayed
+
+
 def test_shards_draw_different_problems_from_consecutive_seeds(tmp_path: Path):
     """Under the derandomized ci profile too: the shards' seeds override it."""
     kernel, record = tmp_path / "recorder.py", tmp_path / "calls.jsonl"
