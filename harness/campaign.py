@@ -362,8 +362,9 @@ def running(config: pytest.Config, index: int) -> Iterator[Shard]:
     """Shard ``index`` is the running test's while the context lasts (:func:`current_shard`):
     Hypothesis draws from its seed (``hypothesis.core.global_force_seed``, what
     ``--hypothesis-seed`` sets; the property turns ``derandomize`` off, which would override it).
-    Unlike ``@hypothesis.seed``, this keeps the example database in use, and it leaves the
-    property's source, from which a derandomized run's examples are drawn, as it is."""
+    The example database stays in use (Hypothesis leaves it off under a forced seed, but not
+    for a test that carries its key, as ``run_property``'s do: :func:`database_key`), and the
+    property's source, from which a derandomized run's examples are drawn, is left as it is."""
     shard = Shard(index, config.getoption("--shards"), seed_base(config) + index)
     previous = hypothesis.core.global_force_seed
     _running.append(shard)
