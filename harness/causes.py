@@ -1,14 +1,29 @@
 """Failures grouped by cause: one root cause that takes down many properties is reported once.
 
 A failure report (:func:`harness.check.failure`) is ``property 'P' failed for kernel 'K'``,
-``problem: Problem(...)``, the details, then the repro. Its *cause* is the first detail line that
-names one: ``the kernel raised <Type>: <message>``, ``the kernel refused a declared problem:
-...``, ``declares returns_lse but returned only o``, a dead worker, or else its first
-``diagnosis:`` line (:mod:`harness.diagnosis`). Two failures of one kernel share a cause when
-those lines are equal once numbers and addresses are blanked (a kernel that fails to compile at
-one head dim, or raises the same error on every problem, gives one cause for every property it
-takes down, whatever the sizes in the message). Failures with no such line (outputs off the
-golden, with no neighbouring convention matched) each stand alone.
+``problem: Problem(...)``, the details, then the repro. Its *cause key* is the first of:
+
+1. a detail line that names an error: ``the kernel raised <Type>: <message>``, ``the kernel
+   refused a declared problem: ...``, ``declares returns_lse but returned only o``, a dead
+   worker; the key is the line with numbers and addresses blanked (a kernel that fails to
+   compile at one head dim, or raises the same error on every problem, gives one cause for every
+   property it takes down, whatever the sizes in the message);
+2. its first ``diagnosis:`` line (:mod:`harness.diagnosis`); the key is that line's first clause
+   (up to ``": "``, the convention or pattern it names; the rest is the fix and the evidence),
+   numbers blanked: ``matches the golden with scale 1/D = 0.125`` is one cause at every head dim,
+   ``dv does not match the golden`` one cause whichever gradients do;
+3. its symptom line (``off the golden: ...``, :mod:`harness.symptoms`): an undiagnosed mismatch
+   with the golden; the key is the first forward tensor off with its kind of error, or, when the
+   forward is right, the set of gradients off with theirs (one wrong scale in dK is one cause for
+   the backward, odd-dims and sinks-backward properties alike).
+
+Two failures of one kernel with equal keys share a cause. A failure with none of these (a
+property's own check: a metamorphic relation, determinism, gradcheck) joins a group of that
+kernel with key 2 or 3 that holds its identical shrunk problem, else the other keyless failures
+of its identical problem (one problem failing several properties), else stands alone. Failures
+with different keys are never merged, whatever their problems: each key is evidence of its own.
+Where one kernel has two undiagnosed bugs with the same symptom (o off the golden, finite), they
+are one entry: the report of the smallest problem shows one of them, the next run the other.
 
 A group shows the report of its smallest problem (least work ``b*hq*nq*nk*max(d, dv)``, then
 fewest variants, then fewest fields off their defaults, then the shortest report: the plainest),
@@ -23,6 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
 from flashprop.contract.problem import Problem
+from flashprop.harness import diagnosis, symptoms
 
 #: Detail lines that name a cause, by their start (a dead worker's line contains ``died``).
 CAUSE_PREFIXES = (
@@ -31,10 +47,7 @@ CAUSE_PREFIXES = (
     "declares returns_lse but returned only o",
     "the worker ",
 )
-DIAGNOSIS_PREFIX = "diagnosis: "
 PROBLEM_PREFIX = "problem: "
-#: The line after the details (:func:`harness.check.failure`).
-REPRO_PREFIX = "repro (run from"
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 
@@ -50,49 +63,80 @@ class Failure:
 
 @dataclass(frozen=True)
 class Group:
-    """Failures of one kernel with one cause (``cause`` None: a failure with no named cause,
-    alone in its group). ``smallest`` is the failure whose problem is smallest."""
+    """Failures of one kernel with one cause: ``cause`` is the cause key (``None``: one failure
+    with no key, alone in its group), ``headline`` the cause as the report of ``smallest`` words
+    it (numbers not blanked), ``smallest`` the failure whose problem is smallest among those
+    that name the cause."""
 
     kernel: str
     cause: str | None
     properties: tuple[str, ...]
     smallest: Failure
-
-    @property
-    def headline(self) -> str:
-        """The cause as the smallest failure's report words it (numbers not blanked)."""
-        return cause_line(self.smallest.report) or "outputs off the golden"
+    headline: str
 
 
 def _details(report: str) -> list[str]:
+    """The lines between the problem and the repro (:data:`harness.report.REPRO_HEADER`)."""
+    from flashprop.harness.report import REPRO_HEADER  # report imports this module
+
     lines = report.splitlines()
     start = next((i + 1 for i, line in enumerate(lines) if line.startswith(PROBLEM_PREFIX)), 0)
-    end = next((i for i, line in enumerate(lines) if line.startswith(REPRO_PREFIX)), len(lines))
-    return lines[start:end]
+    end = next((i for i, line in enumerate(lines) if line.startswith(REPRO_HEADER)), len(lines))
+    return [line.strip() for line in lines[start:end]]
+
+
+@dataclass(frozen=True)
+class _Named:
+    """The cause a report names: by which rule (1 to 3 of the module docstring), its key, its line."""
+
+    rule: int
+    key: str
+    line: str
+
+
+def _named(report: str) -> _Named | None:
+    """The first cause the report's details name, or ``None``."""
+    details = _details(report)
+    for line in details:
+        if line.startswith(CAUSE_PREFIXES[:3]) or (line.startswith(CAUSE_PREFIXES[3]) and " died" in line):
+            return _Named(1, normalize(line), line)
+    for line in details:
+        if line.startswith(diagnosis.PREFIX):
+            return _Named(2, normalize(line.split(": ", 2)[1]), line)
+    for line in details:
+        if (found := symptoms.key(line)) is not None:
+            return _Named(3, found, line)
+    return None
 
 
 def cause_line(report: str) -> str | None:
     """The detail line of ``report`` that names its cause, or ``None``."""
-    details = [line.strip() for line in _details(report)]
-    for line in details:
-        if line.startswith(CAUSE_PREFIXES[:3]) or (line.startswith(CAUSE_PREFIXES[3]) and " died" in line):
-            return line
-    return next((line for line in details if line.startswith(DIAGNOSIS_PREFIX)), None)
+    named = _named(report)
+    return None if named is None else named.line
+
+
+def cause_key(report: str) -> str | None:
+    """The cause key of ``report`` (see the module docstring), or ``None``."""
+    named = _named(report)
+    return None if named is None else named.key
 
 
 def normalize(line: str) -> str:
-    """``line`` with addresses and numbers blanked and spaces collapsed: the grouping key."""
+    """``line`` with addresses and numbers blanked and spaces collapsed."""
     return " ".join(_NUMBER.sub("#", _ADDRESS.sub("0x#", line)).split())
+
+
+def _problem_text(report: str) -> str:
+    return next((line.removeprefix(PROBLEM_PREFIX) for line in report.splitlines()
+                 if line.startswith(PROBLEM_PREFIX)), "")
 
 
 def problem_size(report: str) -> tuple[float, int, int]:
     """Sort key of the report's problem: work ``b*hq*nq*nk*max(d, dv)`` (varlen: summed over its
     sequences), number of variants, number of fields off their defaults (layout, distribution,
     dtype, ...); unreadable problems last."""
-    lines = report.splitlines()
-    text = next((line.removeprefix(PROBLEM_PREFIX) for line in lines if line.startswith(PROBLEM_PREFIX)), "")
     try:
-        p = Problem.parse(text)
+        p = Problem.parse(_problem_text(report))
     except (ValueError, SyntaxError, TypeError, KeyError):
         return math.inf, 0, 0
     pairs = p.seqlens if p.seqlens is not None else ((p.nq, p.nk),) * p.b
@@ -101,20 +145,38 @@ def problem_size(report: str) -> tuple[float, int, int]:
     return sum(q * k for q, k in pairs) * p.hq * max(p.d, p.dv), len(p.variants), off
 
 
+def _smallest(members: list[Failure]) -> Failure:
+    return min(members, key=lambda f: (problem_size(f.report), len(f.report), f.prop))
+
+
 def group(failures: Iterable[Failure]) -> list[Group]:
-    """Failures grouped by (kernel, normalized cause); groups of more properties first, then by
-    kernel and property name."""
-    keyed: dict[tuple[str, str], list[Failure]] = {}
-    alone: list[Group] = []
-    for f in failures:
-        line = cause_line(f.report)
-        if line is None:
-            alone.append(Group(f.kernel, None, (f.prop,), f))
+    """Failures grouped by cause (see the module docstring); groups of more properties first,
+    then by kernel and property name."""
+    named: dict[tuple[str, str], list[tuple[Failure, _Named]]] = {}
+    mismatch: dict[tuple[str, str], tuple[str, str]] = {}  # (kernel, problem) -> a rule 2 or 3 key
+    keyless: dict[tuple[str, str], list[Failure]] = {}
+    for f in sorted(failures, key=lambda f: (f.kernel, f.prop)):
+        place = (f.kernel, _problem_text(f.report))
+        found = _named(f.report)
+        if found is None:
+            keyless.setdefault(place, []).append(f)
+            continue
+        named.setdefault((f.kernel, found.key), []).append((f, found))
+        if found.rule > 1:
+            mismatch.setdefault(place, (f.kernel, found.key))
+    joined: dict[tuple[str, str], list[Failure]] = {}
+    groups: list[Group] = []
+    for place, members in keyless.items():
+        if place in mismatch:
+            joined.setdefault(mismatch[place], []).extend(members)
+        elif len(members) > 1:
+            groups.append(Group(place[0], PROBLEM_PREFIX + place[1], tuple(f.prop for f in members),
+                                _smallest(members), "one shrunk problem, no cause named"))
         else:
-            keyed.setdefault((f.kernel, normalize(line)), []).append(f)
-    groups = [
-        Group(kernel, cause, tuple(sorted(f.prop for f in members)),
-              min(members, key=lambda f: (problem_size(f.report), len(f.report), f.prop)))
-        for (kernel, cause), members in keyed.items()
-    ]
-    return sorted([*groups, *alone], key=lambda g: (-len(g.properties), g.kernel, g.properties))
+            groups.append(Group(place[0], None, (members[0].prop,), members[0], "outputs off the golden"))
+    for (kernel, key), members in named.items():
+        smallest = _smallest([f for f, _ in members])
+        line = next(n.line for f, n in members if f is smallest)
+        props = sorted(f.prop for f in [*(f for f, _ in members), *joined.get((kernel, key), [])])
+        groups.append(Group(kernel, key, tuple(props), smallest, line))
+    return sorted(groups, key=lambda g: (-len(g.properties), g.kernel, g.properties))

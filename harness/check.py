@@ -22,9 +22,10 @@ from flashprop.contract.problem import KernelInputs, Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness import campaign, timebox
 from flashprop.harness.campaign import current_shard, database_key, end_worker, stop_if_asked
-from flashprop.harness.diagnosis import diagnose
+from flashprop.harness.diagnosis import diagnose, diagnose_gradients
 from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, TALLIES, begin, expect, noting, record
 from flashprop.harness.strategies import DRAWN
+from flashprop.harness.symptoms import symptom
 from flashprop.harness.tolerance import Comparison, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
@@ -299,14 +300,23 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
 def assert_close_to_golden(
     kernel: Kernel, problem: Problem, prop: str, out: Outputs, names: tuple[str, ...]
 ) -> None:
+    """Fail unless each named tensor of ``out`` is within its budget of the golden: the report
+    has every comparison, the symptom line (:func:`harness.symptoms.symptom`) and the diagnoses
+    (:mod:`harness.diagnosis`: a neighbouring convention or row pattern of a wrong forward; for a
+    wrong backward with a right forward, which gradients match)."""
     results = judge(kernel, problem, out, names)
     bad = [r for r in results if not r.ok]
     if bad:
-        details = [r.describe() for r in results]
+        golden = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))[0]
+        actual = {r.name: getattr(out, r.name) for r in results}
+        expected = {r.name: getattr(golden, r.name) for r in results}
+        details = [*(r.describe() for r in results), symptom(results, actual, expected)]
         if any(r.name in ("o", "lse") for r in bad):
             limits = {r.name: r.budget for r in results if r.name in ("o", "lse")}
             if "o" in limits:
                 details += diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits)
+        else:
+            details += diagnose_gradients(problem, results, actual, expected)
         raise PropertyFailure(failure(kernel, problem, prop, details, judged=names))
 
 

@@ -1,104 +1,204 @@
 """Diagnosis of a failure by differential testing: which neighbouring convention the kernel follows.
 
 When a kernel's forward output misses the golden, the usual causes are conventions, not
-arithmetic: a top-left causal mask, the wrong default scale, a base-2 lse, float64 inputs
-computed in float32, empty rows left NaN or averaged, keys read from the next head or batch
-element, GQA heads mapped ``h % Hkv``. Each :class:`Neighbour` computes the golden under one such
-convention (on the same inputs, in float64); if the kernel's o and lse are within the failing
-comparison's own budgets of it, the failure report says so in one line, with the fix.
+arithmetic. Each :class:`Neighbour` computes the golden under one such convention, on the same
+inputs, in float64; if the kernel's o and lse are within the failing comparison's own budgets
+of it, the failure report says so in one line, with the fix:
 
-Only dense problems are diagnosed (the neighbours are conventions of the dense contract).
+- causal: the other alignment (top-left / bottom-right); the diagonal excluded (``j < i + c``,
+  the same as the mask one row late); one key past the diagonal (``j <= i + c + 1``, the mask
+  one row early);
+- scale: 1, 1/D or sqrt(D) instead of the default 1/sqrt(D); an explicit scale ignored;
+- lse in base 2;
+- keys and values of the next kv head or the next batch element; GQA heads mapped ``h % Hkv``.
+
+A neighbour is a dense function ``fn(q, k, v, **kw)`` (the golden's keywords: causal, scale,
+alignment and the variants), lifted to the problem's entry point the way :mod:`refimpl.layouts`
+lifts the golden (varlen: each sequence alone; decode: each batch element on its cache), so
+variant problems are diagnosed too: a window, softcap, ALiBi or sinks are passed on to the
+neighbour's golden unchanged. Two neighbours need what a variant changes and skip it: the
+diagonal-excluded golden is built by dropping the last key (bottom-right) or the first query
+(top-left), which moves ALiBi's distances and a window's left edge of 0 (so it skips ALiBi and
+``window=(0, r)``); the next batch element is a dense notion (varlen and decode call the
+neighbour per sequence).
+
+Row patterns are judged against the golden itself: NaN or mean(V) on rows that see no key,
+float64 inputs computed in float32, and a softmax without its max subtraction (o inf/NaN on
+exactly the rows whose logits overflow, or underflow, exp in a working dtype, and right on the
+others). For a backward failure whose forward is right, :func:`diagnose_gradients` says which
+gradients match and which do not, and when one is the golden's times a constant.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from flashprop.contract.problem import Problem
-from flashprop.harness.tolerance import budget
+from flashprop.contract.problem import KernelInputs, Problem
+from flashprop.harness.symptoms import FORWARD
+from flashprop.harness.tolerance import Comparison, budget
 from flashprop.refimpl import attention_golden, attention_yardstick
+from flashprop.refimpl.layouts import kvcache_apply, varlen_apply
 
 Golden = tuple[torch.Tensor, torch.Tensor]
+#: A dense attention ``fn(q, k, v, **kw) -> (o, lse)`` on (B, H, N, D) tensors, with the
+#: golden's keywords (``causal``, ``scale``, ``alignment``, ``window_size``, ``softcap``, ...).
+Dense = Callable[..., Golden]
+PREFIX = "diagnosis: "
 
 
 @dataclass(frozen=True)
 class Neighbour:
-    """A neighbouring convention: when it applies, its golden, and the one-line diagnosis."""
+    """A neighbouring convention: when it applies, its golden as a dense function, and the
+    one-line diagnosis (its first clause, up to ``": "``, names the convention: the cause key
+    of :mod:`harness.causes`)."""
 
     applies: Callable[[Problem, str], bool]
-    golden: Callable[[Problem, tuple[torch.Tensor, ...], str], Golden]
+    dense: Callable[[Problem, str], Dense]
     message: Callable[[Problem, str], str]
 
 
-def _golden(p: Problem, qkv, alignment: str, **changes) -> Golden:
-    kw = dict(causal=p.causal, scale=p.scale, alignment=alignment)
-    kw.update(changes)
-    return attention_golden(*qkv, **kw)
+def lifted(p: Problem, fn: Dense, inputs: KernelInputs, alignment: str) -> Golden:
+    """``fn`` on the problem's entry point: dense as it is, varlen per sequence, decode per batch
+    element on its gathered cache (:mod:`refimpl.layouts`)."""
+    kw = dict(causal=p.causal, scale=p.scale, alignment=alignment, **inputs.kwargs)
+    if p.mode == "varlen":
+        return varlen_apply(fn, *inputs.args[:5], **kw)
+    if p.mode == "kvcache":
+        return kvcache_apply(fn, *inputs.args, **kw)
+    return fn(*inputs.args, **kw)
 
 
-def _rolled(qkv, dim: int) -> tuple[torch.Tensor, ...]:
-    q, k, v = qkv
-    return q, k.roll(-1, dims=dim), v.roll(-1, dims=dim)
-
-
-def _gqa_modulo(p: Problem, qkv, alignment: str) -> Golden:
-    q, k, v = qkv
-    heads = torch.arange(p.hq) % p.hkv
-    return _golden(p, (q, k[:, heads], v[:, heads]), alignment)
+def _golden_with(**changes) -> Dense:
+    """The golden with some keywords changed."""
+    return lambda q, k, v, **kw: attention_golden(q, k, v, **{**kw, **changes})
 
 
 def _other(alignment: str) -> str:
     return "top-left" if alignment == "bottom-right" else "bottom-right"
 
 
+def _diagonal(alignment: str) -> str:
+    return "i + Nk - Nq" if alignment == "bottom-right" else "i"
+
+
+# ------------------------------------------------------------------------------ causal masks
+
+
+def _diagonal_excluded(q, k, v, *, alignment: str, window_size=None, **kw) -> Golden:
+    """Causal with key j visible iff ``j < i + c``. Bottom-right: the golden on all keys but the
+    last (``c`` is one less, and the last key is past every row's diagonal); top-left: row 0 sees
+    nothing and row i sees what row i - 1 of the golden on ``q[1:]`` sees. A window's left edge
+    ``i + c - l`` stays put: ``l - 1`` around the moved diagonal (``l = 0`` is not handled)."""
+    if window_size is not None and window_size[0] > 0:
+        window_size = (window_size[0] - 1, window_size[1])
+    kw = dict(kw, causal=True, alignment=alignment, window_size=window_size)
+    if alignment == "bottom-right":
+        return attention_golden(q, k[:, :, :-1], v[:, :, :-1], **kw)
+    first = attention_golden(q[:, :, :1], k[:, :, :0], v[:, :, :0], **kw)
+    rest = attention_golden(q[:, :, 1:], k, v, **kw)
+    return torch.cat([first[0], rest[0]], dim=2), torch.cat([first[1], rest[1]], dim=2)
+
+
+def _one_key_ahead(p: Problem, alignment: str) -> Dense:
+    """Causal with key j visible iff ``j <= i + c + 1`` (a window's left edge kept)."""
+    left = -1 if p.window is None else p.window[0]
+    return _golden_with(causal=False, window_size=(left, 1))
+
+
+# ------------------------------------------------------------------------------ scales
+
+#: The scale conventions a kernel may follow: their names and their value for head dim D.
+SCALES: tuple[tuple[str, Callable[[int], float]], ...] = (
+    ("1/sqrt(D)", lambda d: 1 / math.sqrt(d)),
+    ("1/D", lambda d: 1 / d),
+    ("sqrt(D)", math.sqrt),
+    ("1", lambda d: 1.0),
+)
+
+
+def _scale_neighbour(name: str, value: Callable[[int], float]) -> Neighbour:
+    def message(p: Problem, a: str) -> str:
+        shown = f"{name} = {value(p.d):.6g}" if "D" in name else f"{name} (no scale)"
+        head = f"matches the golden with scale {shown}"
+        if p.scale is None:
+            return f"{head}: the default scale is 1/sqrt(D) = {1 / math.sqrt(p.d):.6g}"
+        return (f"{head}: the kernel ignores the explicit scale {p.scale:.6g} (honour it, or declare "
+                "custom_scale=False so that it is refused)")
+
+    return Neighbour(lambda p, a: not math.isclose(value(p.d), p.effective_scale),
+                     lambda p, a: _golden_with(scale=value(p.d)), message)
+
+
+# ------------------------------------------------------------------------------ heads, batch
+
+
+def _rolled(dim: int) -> Dense:
+    """The golden with each query reading the keys and values of the next index along ``dim``."""
+    return lambda q, k, v, **kw: attention_golden(q, k.roll(-1, dims=dim), v.roll(-1, dims=dim), **kw)
+
+
+def _gqa_modulo(q, k, v, **kw) -> Golden:
+    heads = torch.arange(q.shape[1], device=k.device) % k.shape[1]
+    return attention_golden(q, k[:, heads], v[:, heads], **kw)
+
+
+def _base2(q, k, v, **kw) -> Golden:
+    o, lse = attention_golden(q, k, v, **kw)
+    return o, lse / math.log(2)
+
+
 NEIGHBOURS: tuple[Neighbour, ...] = (
     Neighbour(
         lambda p, a: p.causal and p.nq != p.nk,
-        lambda p, qkv, a: _golden(p, qkv, _other(a)),
+        lambda p, a: _golden_with(alignment=_other(a)),
         lambda p, a: f"matches the {_other(a)} causal golden: declare causal_alignment='{_other(a)}' "
-        f"or align the mask {a} (key j visible iff j <= i"
-        + (" + Nk - Nq)" if a == "bottom-right" else ")"),
+        f"or align the mask {a} (key j visible iff j <= {_diagonal(a)})",
     ),
     Neighbour(
-        lambda p, a: p.scale is None and p.d != 1,
-        lambda p, qkv, a: _golden(p, qkv, a, scale=1.0),
-        lambda p, a: "matches the golden with scale 1: the default scale is 1/sqrt(D) = "
-        f"{1 / math.sqrt(p.d):.6g}",
+        lambda p, a: p.causal and p.alibi is None and (p.window is None or p.window[0] != 0),
+        lambda p, a: _diagonal_excluded,
+        lambda p, a: f"matches the causal golden with the diagonal excluded (key j visible iff "
+        f"j < {_diagonal(a)}, or the mask one row late): the convention is j <= {_diagonal(a)}, each "
+        "query sees the key at its own position (<= where the mask has <)",
     ),
     Neighbour(
-        lambda p, a: p.scale is not None and not math.isclose(p.scale, 1 / math.sqrt(p.d)),
-        lambda p, qkv, a: _golden(p, qkv, a, scale=None),
-        lambda p, a: "matches the golden with the default scale 1/sqrt(D): the kernel ignores the explicit "
-        "scale (honour it, or declare custom_scale=False so that it is refused)",
+        lambda p, a: p.causal,
+        _one_key_ahead,
+        lambda p, a: f"matches the causal golden with one key past the diagonal visible (key j visible "
+        f"iff j <= {_diagonal(a)} + 1, the mask one row early): the convention is j <= {_diagonal(a)}",
     ),
+    *(_scale_neighbour(name, value) for name, value in SCALES),
     Neighbour(
         lambda p, a: True,
-        lambda p, qkv, a: (lambda o, lse: (o, lse / math.log(2)))(*_golden(p, qkv, a)),
+        lambda p, a: _base2,
         lambda p, a: "matches the golden with lse in base 2 (log2 sum 2^s): the convention is the natural "
         "log; multiply the lse by ln 2",
     ),
     Neighbour(
         lambda p, a: p.hkv >= 2,
-        lambda p, qkv, a: _golden(p, _rolled(qkv, 1), a),
+        lambda p, a: _rolled(1),
         lambda p, a: "matches the golden with each query head reading the NEXT kv head's keys and values: "
         "a head index or head stride off by one",
     ),
     Neighbour(
-        lambda p, a: p.b >= 2,
-        lambda p, qkv, a: _golden(p, _rolled(qkv, 0), a),
+        lambda p, a: p.b >= 2 and p.mode == "dense",
+        lambda p, a: _rolled(0),
         lambda p, a: "matches the golden with each batch element reading the NEXT element's keys and "
         "values: a batch index or batch stride off by one",
     ),
     Neighbour(
         lambda p, a: p.hq != p.hkv and p.hkv > 1,
-        _gqa_modulo,
+        lambda p, a: _gqa_modulo,
         lambda p, a: "matches the golden with query head h reading kv head h % Hkv: GQA maps query head h "
         "to kv head h // (Hq / Hkv)",
     ),
 )
+
+
+# ------------------------------------------------------------------------------ row patterns
 
 
 def _within(actual: torch.Tensor | None, expected: torch.Tensor, limit: float) -> bool:
@@ -114,18 +214,31 @@ def _within(actual: torch.Tensor | None, expected: torch.Tensor, limit: float) -
     return bool((a[finite] - e[finite]).abs().max() <= limit) if finite.any() else True
 
 
+def _rows(p: Problem, o: torch.Tensor) -> torch.Tensor:
+    """o laid out as its lse with the value dim last, in float64 on the CPU: dense (B, H, N, Dv)
+    as it is; varlen (Tq, H, Dv) -> (H, Tq, Dv); decode (B, Nq, H, Dv) -> (B, H, Nq, Dv)."""
+    o = o.detach().to(torch.float64).cpu()
+    if p.mode == "varlen":
+        return o.transpose(0, 1)
+    return o.transpose(1, 2) if p.mode == "kvcache" else o
+
+
 def _empty_rows(p: Problem, o: torch.Tensor, golden: Golden, limits: dict[str, float], v) -> list[str]:
-    """Rows that see no key: NaN there, or mean(V) (a finite mask value), and right elsewhere."""
-    empty = torch.isinf(golden[1]) & (golden[1] < 0)
+    """Rows that see no key: NaN there, or mean(V) (a finite mask value; dense problems), and
+    right elsewhere."""
+    lse = golden[1].cpu()
+    empty = torch.isinf(lse) & (lse < 0)
     if not empty.any():
         return []
-    o64 = o.detach().to(torch.float64).cpu()
+    o64, g64 = _rows(p, o), _rows(p, golden[0])
     rest = ~empty
-    if not _within(o64[rest], golden[0][rest].cpu(), limits["o"]):
+    if not _within(o64[rest], g64[rest], limits["o"]):
         return []
     if torch.isnan(o64[empty]).all():
         return ["NaN only on rows that see no key: the convention is o = 0 and lse = -inf there "
                 "(guard the division by l = 0, and exp(-inf - -inf))"]
+    if p.mode != "dense":
+        return []
     group = p.hq // p.hkv
     mean_v = v.detach().to(torch.float64).cpu().repeat_interleave(group, dim=1).mean(2, keepdim=True)
     if _within(o64[empty], mean_v.expand(o64.shape)[empty], limits["o"]):
@@ -134,18 +247,72 @@ def _empty_rows(p: Problem, o: torch.Tensor, golden: Golden, limits: dict[str, f
     return []
 
 
-def _float32_only(p: Problem, out_o, out_lse, golden: Golden, qkv) -> list[str]:
+def _keys(p: Problem) -> int:
+    """The most keys one row can see."""
+    return max(pair[1] for pair in p.seqlens) if p.seqlens else p.nk
+
+
+def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Golden,
+              limits: dict[str, float]) -> list[str]:
+    """A softmax without its max subtraction: ``exp(s)`` overflows a working dtype T on the rows
+    whose lse exceeds ln(max T), and underflows to 0 (l = 0) on rows whose logits all lie below
+    ln(smallest subnormal T); o (or lse) is inf/NaN on such rows only and matches the golden on
+    the rows well inside T's range (a margin of 1, and ln Nk at the bottom: a row's largest term
+    is at least exp(lse) / Nk), every row surely past the range is broken."""
+    g_lse = golden[1].detach().to(torch.float64).cpu()
+    o64, g64 = _rows(p, o), _rows(p, golden[0])
+    lse64 = None if lse is None else lse.detach().to(torch.float64).cpu()
+    seen = torch.isfinite(g_lse)
+    broken = ~torch.isfinite(o64).all(-1)
+    if lse64 is not None:
+        broken |= ~torch.isfinite(lse64)
+    broken &= seen
+    if not broken.any():
+        return []
+    for t in (torch.float64,) if p.dtype == torch.float64 else (torch.float32, torch.float16):
+        info, name = torch.finfo(t), str(t).removeprefix("torch.")
+        high, low, lowest = math.log(info.max), math.log(info.tiny), math.log(info.tiny * info.eps)
+        over = seen & (g_lse > high - 1)
+        under = seen & (g_lse < low + math.log(max(_keys(p), 1)) + 1)
+        small = seen & ~over & ~under
+        sure = seen & ((g_lse > high + 1) | (g_lse < lowest - 1))
+        if (broken & small).any() or (sure & ~broken).any():
+            continue
+        if not _within(o64[small], g64[small], limits["o"]) or (
+                lse64 is not None and not _within(lse64[small], g_lse[small], limits.get("lse", math.inf))):
+            continue
+        where = []
+        if (broken & over).any():
+            top = float(g_lse[broken & over].max())
+            where.append(f"overflow {name} (lse up to {top:.4g}, past ln(max {name}) = {high:.4g})")
+        if (broken & under).any():
+            bottom = float(g_lse[broken & under].min())
+            where.append(f"all underflow to 0 in {name} (lse down to {bottom:.4g})")
+        rest = (f"matches the golden on the {int(small.sum())} rows whose logits are small" if small.any()
+                else "no row has small logits")
+        return [f"a softmax without its max subtraction: o is inf/NaN on the {int(broken.sum())} rows whose "
+                f"exp(s) {' or '.join(where)}, and {rest}: exponentiate s - m, m the row's running max "
+                "(from -inf, rescaling by exp(m_old - m_new))"]
+    return []
+
+
+def _float32_only(p: Problem, out_o, out_lse, golden: Golden, inputs: KernelInputs,
+                  alignment: str) -> list[str]:
     """A float64 problem answered to float32 precision only."""
     if p.dtype != torch.float64:
         return []
-    q32 = tuple(t.detach().to(torch.float32) for t in qkv)
-    o32, lse32 = attention_yardstick(*q32, causal=p.causal, scale=p.scale)
+
+    def single(t):
+        return t.detach().to(torch.float32) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+
+    in32 = KernelInputs(tuple(map(single, inputs.args)), {n: single(t) for n, t in inputs.kwargs.items()}, {})
+    o32, lse32 = lifted(p, attention_yardstick, in32, alignment)
     ok = True
     for actual, g, y, name in ((out_o, golden[0], o32, "o"), (out_lse, golden[1], lse32, "lse")):
         if actual is None:
             continue
         finite = torch.isfinite(g)
-        y_err = float((y.double().cpu() - g.cpu())[finite.cpu()].abs().max()) if finite.any() else 0.0
+        y_err = float((y.double() - g)[finite].abs().max()) if finite.any() else 0.0
         size = float(g[finite].abs().max()) if finite.any() else 0.0
         ok = ok and _within(actual, g, budget(name, torch.float32, y_err, size, size)[0])
     if not ok:
@@ -157,16 +324,77 @@ def _float32_only(p: Problem, out_o, out_lse, golden: Golden, qkv) -> list[str]:
 def diagnose(p: Problem, alignment: str, o: torch.Tensor, lse: torch.Tensor | None,
              limits: dict[str, float]) -> list[str]:
     """One-line diagnoses of a failing forward output (``limits``: the failing comparison's
-    budgets for o and lse), by the neighbouring conventions it matches."""
-    if p.mode != "dense" or p.variants:
-        return []
-    qkv = tuple(t.detach() for t in p.inputs())
-    golden = _golden(p, qkv, alignment)
-    found = _empty_rows(p, o, golden, limits, qkv[2]) + _float32_only(p, o, lse, golden, qkv)
+    budgets for o and lse), by the neighbouring conventions and row patterns it matches."""
+    inputs = p.kernel_inputs()
+    golden = lifted(p, attention_golden, inputs, alignment)
+    found = (_empty_rows(p, o, golden, limits, inputs.args[2]) + _overflow(p, o, lse, golden, limits)
+             + _float32_only(p, o, lse, golden, inputs, alignment))
     for n in NEIGHBOURS:
         if not n.applies(p, alignment):
             continue
-        alt_o, alt_lse = n.golden(p, qkv, alignment)
+        alt_o, alt_lse = lifted(p, n.dense(p, alignment), inputs, alignment)
         if _within(o, alt_o, limits["o"]) and _within(lse, alt_lse, limits.get("lse", math.inf)):
             found.append(n.message(p, alignment))
-    return [f"diagnosis: {line}" for line in found]
+    return [PREFIX + line for line in found]
+
+
+# ------------------------------------------------------------------------------ gradients
+
+#: Where to look when the forward is right and exactly these gradients are off.
+GRADIENT_HINTS: dict[frozenset[str], str] = {
+    frozenset({"dv"}): "dV = P^T dO is wrong while P is right (dq and dk need it): look at dV's "
+    "accumulation and store",
+    frozenset({"dk"}): "dK = scale * dS^T Q is wrong while dS is right (dq needs it)",
+    frozenset({"dq"}): "dQ = scale * dS K is wrong while dS is right (dk needs it)",
+    frozenset({"dq", "dk"}): "both come from dS = P * (dP - Delta) while P is right (dv needs only P): "
+    "look at dP = dO V^T, Delta = rowsum(dO * O) and the scale",
+    frozenset({"dk", "dv"}): "the key-side gradients, while dq is right: look at the loop that "
+    "accumulates dK and dV (a key tile, the key tail or a GQA group's heads left out)",
+    frozenset({"dsinks"}): "dsinks = -sum over rows of exp(z - lse) * Delta",
+}
+
+
+def _listed(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _factor(c: float, scale: float, group: int) -> str:
+    """What a gradient's constant factor against the golden's suggests."""
+    for value, why in ((scale, "the scale: a factor of the scale applied once too often"),
+                       (1 / scale, "1/scale: the scale factor left out"),
+                       (-1.0, "-1: the sign is wrong"),
+                       (float(group), "the GQA group size: summed over the group once too often"),
+                       (1 / group, "1/group: only one query head of each GQA group taken")):
+        if value != 1.0 and math.isclose(c, value, rel_tol=1e-2):
+            return f" (= {why})"
+    return ""
+
+
+def diagnose_gradients(p: Problem, results: Sequence[Comparison], actual: Mapping[str, torch.Tensor | None],
+                       golden: Mapping[str, torch.Tensor]) -> list[str]:
+    """Diagnoses of a backward failure whose forward is right (every judged o, lse within budget):
+    which gradients match the golden and which do not, and a gradient off by a constant factor
+    (least squares ``c = <a, g> / <g, g>``, ``a`` within the budget of ``c g``)."""
+    grads = [r for r in results if r.name not in FORWARD]
+    if any(not r.ok for r in results if r.name in FORWARD) or not grads:
+        return []
+    bad, good = [r.name for r in grads if not r.ok], [r.name for r in grads if r.ok]
+    found = []
+    if bad and good:
+        verb = ("does", "do")
+        hint = GRADIENT_HINTS.get(frozenset(bad))
+        found.append(f"{_listed(bad)} {verb[len(bad) > 1]} not match the golden: {_listed(good)} "
+                     f"{verb[len(good) > 1]}, and so does the forward" + (f"; {hint}" if hint else ""))
+    for r in grads:
+        a, g = actual.get(r.name), golden[r.name]
+        if r.ok or r.reason or a is None:
+            continue
+        a, g = a.detach().to(torch.float64).cpu(), g.to(torch.float64).cpu()
+        norm = float((g * g).sum())
+        if norm == 0:
+            continue
+        c = float((a * g).sum()) / norm
+        if not math.isclose(c, 1.0, rel_tol=1e-3) and _within(a, c * g, r.budget):
+            found.append(f"{r.name} is the golden's times a constant: {r.name} = {c:.4g} x the golden's"
+                         + _factor(c, p.effective_scale, p.hq // p.hkv))
+    return [PREFIX + line for line in found]

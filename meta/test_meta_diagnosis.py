@@ -1,15 +1,28 @@
-"""Meta-tests of the failure diagnoses (harness/diagnosis.py): a kernel with each convention
-bug fails the forward property, and the report names the convention and the fix."""
+"""Meta-tests of the failure diagnoses (harness/diagnosis.py): a kernel with each convention bug
+fails the golden comparison and the report names the convention and the fix, on dense and
+variant problems; a backward with one gradient wrong says which; a wrong double backward gets the
+``once_differentiable`` hint, and a probe of double backward that raises is a tallied failure."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
+
+import flashprop.harness.report as report
 import pytest
 import torch
 from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
-from flashprop.harness.check import PropertyFailure, assert_close_to_golden, run_kernel
-from flashprop.refimpl import attention_golden
+from flashprop.harness.check import PropertyFailure, assert_close_to_golden, gradient_names, run_kernel
+from flashprop.harness.strategies import Sizes
+from flashprop.properties import test_gradcheck
+from flashprop.refimpl import attention_golden, attention_yardstick
+from flashprop.refimpl.layouts import varlen_golden
+from hypothesis import Phase, settings
+
+from mutants import catalogue
 
 pytestmark = pytest.mark.meta
 
@@ -19,9 +32,17 @@ def _kernel(name: str, fn, **caps) -> Kernel:
     return Kernel(name=name, fn=fn, capabilities=fn.capabilities)
 
 
-def _exact(q, k, v, **kw):
-    o, lse = attention_golden(q, k, v, **kw)
+def _mutant(name: str) -> Kernel:
+    fn = getattr(catalogue, name)
+    return Kernel(name=f"meta-{name}", fn=fn, capabilities=fn.capabilities)
+
+
+def _typed(q: torch.Tensor, o: torch.Tensor, lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return o.to(q.dtype), lse.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+
+def _exact(q, k, v, **kw):
+    return _typed(q, *attention_golden(q, k, v, **kw))
 
 
 def top_left(q, k, v, *, causal=False, scale=None):
@@ -30,6 +51,22 @@ def top_left(q, k, v, *, causal=False, scale=None):
 
 def scale_one(q, k, v, *, causal=False, scale=None):
     return _exact(q, k, v, causal=causal, scale=1.0 if scale is None else scale)
+
+
+def scale_inverse_d(q, k, v, *, causal=False, scale=None, **variants):
+    return _exact(q, k, v, causal=causal, scale=1 / q.shape[-1] if scale is None else scale, **variants)
+
+
+def scale_sqrt_d(q, k, v, *, causal=False, scale=None):
+    return _exact(q, k, v, causal=causal, scale=math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def _varlen_inverse_d(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, scale=None, **variants):
+    scale = 1 / q.shape[-1] if scale is None else scale
+    return _typed(q, *varlen_golden(q, k, v, cu_q, cu_k, causal=causal, scale=scale, **variants))
+
+
+scale_inverse_d.varlen = _varlen_inverse_d
 
 
 def lse_base2(q, k, v, *, causal=False, scale=None):
@@ -57,25 +94,100 @@ def gqa_modulo(q, k, v, *, causal=False, scale=None):
     return _exact(q, k[:, heads], v[:, heads], causal=causal, scale=scale)
 
 
+def _plain(q, k, v, visible, scale: float | None, subtract_max: bool = True):
+    """Softmax attention written out (no GQA): float64, or float32 with ``subtract_max=False``
+    (exp(s) as it comes: it overflows float32 past s = 88.7); ``visible(i, j)`` the mask."""
+    dt = torch.float64 if subtract_max else torch.float32
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale * (q.to(dt) @ k.to(dt).transpose(-1, -2))
+    rows, cols = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+    s = s.masked_fill(~visible(rows, cols), float("-inf"))
+    m = s.amax(-1, keepdim=True).clamp_min(-1e30) if subtract_max else torch.zeros_like(s[..., :1])
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)  # noqa: E741
+    o = torch.where(l > 0, (p @ v.to(dt)) / l, 0.0) if subtract_max else (p @ v.to(dt)) / l
+    return _typed(q, o, (m + torch.log(l))[..., 0])
+
+
+def _causal(shift: int, alignment: str = "bottom-right"):
+    """A causal kernel whose mask is ``j <= i + c + shift``."""
+
+    def attention(q, k, v, *, causal=False, scale=None):
+        c = k.shape[2] - q.shape[2] if alignment == "bottom-right" else 0
+        return _plain(q, k, v, (lambda i, j: j <= i + c + shift) if causal else (lambda i, j: j >= 0), scale)
+
+    return attention
+
+
+def exp_without_max(q, k, v, *, causal=False, scale=None):
+    return _plain(q, k, v, lambda i, j: j >= 0, scale, subtract_max=False)
+
+
+CAUSAL = dict(causal=True)
 CASES = [
-    (top_left, Problem(b=1, hq=2, hkv=2, nq=9, nk=5, d=8, dv=8, causal=True), "top-left causal golden"),
-    (scale_one, Problem(b=1, hq=2, hkv=1, nq=7, nk=7, d=16, dv=16), "golden with scale 1"),
-    (lse_base2, Problem(nq=6, nk=6, d=8, dv=8), "lse in base 2"),
-    (in_float32, Problem(nq=6, nk=9, d=8, dv=8, dtype=torch.float64), "only to float32 precision"),
-    (nan_empty_rows, Problem(nq=9, nk=4, d=8, dv=8, causal=True, dtype=torch.float64), "NaN only on rows"),
-    (next_kv_head, Problem(hq=4, hkv=2, nq=5, nk=5, d=8, dv=8), "NEXT kv head"),
-    (gqa_modulo, Problem(hq=4, hkv=2, nq=5, nk=5, d=8, dv=8), "kv head h % Hkv"),
+    (top_left, {}, Problem(b=1, hq=2, hkv=2, nq=9, nk=5, d=8, dv=8, **CAUSAL), "top-left causal golden"),
+    (scale_one, {}, Problem(b=1, hq=2, hkv=1, nq=7, nk=7, d=16, dv=16), "golden with scale 1 (no scale)"),
+    (scale_inverse_d, {}, Problem(hq=2, nq=7, nk=7, d=16, dv=16), "golden with scale 1/D = 0.0625"),
+    (scale_sqrt_d, {}, Problem(nq=5, nk=6, d=4, dv=4), "golden with scale sqrt(D) = 2"),
+    (scale_inverse_d, dict(window=True, softcap=True),
+     Problem(nq=7, nk=9, d=16, dv=16, window=(3, 1), softcap=5.0), "golden with scale 1/D"),
+    (scale_inverse_d, dict(varlen=True),
+     Problem(b=2, nq=5, nk=6, d=16, dv=16, seqlens=((5, 6), (3, 2)), **CAUSAL), "golden with scale 1/D"),
+    (_causal(-1), {}, Problem(nq=5, nk=7, d=8, dv=8, **CAUSAL),
+     "diagonal excluded (key j visible iff j < i + Nk"),
+    (_causal(-1, "top-left"), dict(causal_alignment="top-left"), Problem(nq=7, nk=5, d=8, dv=8, **CAUSAL),
+     "diagonal excluded (key j visible iff j < i,"),
+    (_causal(1), {}, Problem(nq=6, nk=6, d=8, dv=8, **CAUSAL), "one key past the diagonal"),
+    (exp_without_max, {}, Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large"),
+     "without its max subtraction: o is inf/NaN on the"),
+    (lse_base2, {}, Problem(nq=6, nk=6, d=8, dv=8), "lse in base 2"),
+    (in_float32, {}, Problem(nq=6, nk=9, d=8, dv=8, dtype=torch.float64), "only to float32 precision"),
+    (nan_empty_rows, {}, Problem(nq=9, nk=4, d=8, dv=8, dtype=torch.float64, **CAUSAL), "NaN only on rows"),
+    (next_kv_head, {}, Problem(hq=4, hkv=2, nq=5, nk=5, d=8, dv=8), "NEXT kv head"),
+    (gqa_modulo, {}, Problem(hq=4, hkv=2, nq=5, nk=5, d=8, dv=8), "kv head h % Hkv"),
 ]
 
 
-@pytest.mark.parametrize(("fn", "problem", "expected"), CASES, ids=[c[0].__name__ for c in CASES])
-def test_each_convention_bug_is_diagnosed(fn, problem: Problem, expected: str):
-    kernel = _kernel(f"meta-{fn.__name__}", fn)
-    out = run_kernel(kernel, problem, "forward")
+def _diagnoses(kernel: Kernel, problem: Problem, names: tuple[str, ...]) -> list[str]:
+    out = run_kernel(kernel, problem, "forward", backward=any(n.startswith("d") for n in names))
     with pytest.raises(PropertyFailure) as failure:
-        assert_close_to_golden(kernel, problem, "forward", out, ("o", "lse"))
-    diagnoses = [line for line in str(failure.value).splitlines() if line.startswith("diagnosis:")]
-    assert any(expected in line for line in diagnoses), str(failure.value)
+        assert_close_to_golden(kernel, problem, "forward", out, names)
+    return [line for line in str(failure.value).splitlines() if line.startswith("diagnosis:")]
+
+
+def _case_id(case: tuple) -> str:
+    fn, _, problem, _ = case
+    return "-".join((fn.__name__.strip("_"), *problem.variants))
+
+
+@pytest.mark.parametrize(("fn", "caps", "problem", "expected"), CASES,
+                         ids=[f"{i}-{_case_id(c)}" for i, c in enumerate(CASES)])
+def test_each_convention_bug_is_diagnosed(fn, caps: dict, problem: Problem, expected: str):
+    kernel = _kernel(f"meta-{fn.__name__}", fn, **caps)
+    diagnoses = _diagnoses(kernel, problem, ("o", "lse"))
+    assert any(expected in line for line in diagnoses), diagnoses
+
+
+@pytest.mark.parametrize(("mutant", "problem"), [
+    ("blocked_diagonal_strict", Problem(nq=5, nk=7, d=8, dv=8, causal=True, block_m=3, block_n=3)),
+    ("blocked_diagonal_strict", Problem(nq=6, nk=8, d=8, dv=8, causal=True, window=(3, 0), block_n=3)),
+    ("blocked_diagonal_strict", Problem(b=2, nq=6, nk=7, d=8, dv=8, causal=True, seqlens=((6, 7), (4, 4)))),
+])
+def test_the_catalogues_strict_diagonal_is_diagnosed_with_variants(mutant: str, problem: Problem):
+    """The planted ``<`` of the causal mask, dense, with a window and varlen (per sequence)."""
+    diagnoses = _diagnoses(_mutant(mutant), problem, ("o", "lse"))
+    assert any("with the diagonal excluded" in line for line in diagnoses), diagnoses
+
+
+def test_overflow_is_not_claimed_where_small_logits_are_wrong_too():
+    """NaN on the large-logit rows and o off elsewhere: not the missing max subtraction."""
+    def broken(q, k, v, *, causal=False, scale=None):
+        o, lse = exp_without_max(q, k, v, causal=causal, scale=scale)
+        return 1.01 * o, lse
+
+    kernel = _kernel("meta-overflow-and-off", broken)
+    problem = Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large")
+    assert not any("max subtraction" in line for line in _diagnoses(kernel, problem, ("o", "lse")))
 
 
 def test_a_correct_kernel_is_not_diagnosed_and_arithmetic_bugs_get_no_convention():
@@ -87,3 +199,114 @@ def test_a_correct_kernel_is_not_diagnosed_and_arithmetic_bugs_get_no_convention
     with pytest.raises(PropertyFailure) as failure:
         assert_close_to_golden(kernel, problem, "forward", out, ("o", "lse"))
     assert "diagnosis:" not in str(failure.value)
+    assert "off the golden: o (both ways); within budget: lse" in str(failure.value)
+
+
+# --------------------------------------------------------------------------- gradients
+
+
+def dv_flipped(q, k, v, *, causal=False, scale=None):
+    """Right forward; dV comes out with its key rows reversed."""
+    v2 = v.detach() + (v - v.detach()).flip(-2)
+    return attention_yardstick(q, k, v2, causal=causal, scale=scale)
+
+
+@pytest.mark.parametrize(("planted", "problem", "expected"), [
+    (_kernel("meta-dv-flipped", dv_flipped), Problem(hq=2, nq=5, nk=6, d=8, dv=8),
+     ["dv does not match the golden: dq and dk do, and so does the forward; dV = P^T dO"]),
+    (_mutant("blocked_dk_scale_twice"), Problem(nq=5, nk=6, d=8, dv=8, scale=0.5, block_m=3, block_n=3),
+     ["dk does not match the golden: dq and dv do", "dk = 0.5 x the golden's (= the scale: a factor"]),
+    (_mutant("blocked_dsinks_sign"), Problem(nq=4, nk=5, d=8, dv=8, sinks="mixed", block_m=3),
+     ["dsinks does not match the golden: dq, dk and dv do", "(= -1: the sign is wrong)"]),
+], ids=["dv-flipped", "dk-scale-twice", "dsinks-sign"])
+def test_one_wrong_gradient_is_named_while_the_others_match(planted: Kernel, problem: Problem,
+                                                            expected: list[str]):
+    diagnoses = _diagnoses(planted, problem, ("o", "lse", *gradient_names(problem)))
+    for text in expected:
+        assert any(text in line for line in diagnoses), (text, diagnoses)
+
+
+# --------------------------------------------------------------------------- double backward
+
+_F64_CAPS = dict(dtypes=frozenset({torch.float64}), head_dims=range(1, 9), causal=False, gqa=False,
+                 unequal_lengths=True, block_m=(), block_n=())
+_TINY = Sizes(max_n=4, max_batch=1, max_kv_heads=1, max_group=1, max_head_dim=4, max_work=10_000)
+
+
+class _SavedP(torch.autograd.Function):
+    """Attention whose backward is written in torch ops on the probabilities P saved by the
+    forward: differentiable, but P's dependence on q and k is lost, so double backward is wrong."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, raise_when_recorded):
+        s = scale * q @ k.transpose(-1, -2)
+        p = torch.softmax(s, -1)
+        o = p @ v
+        ctx.save_for_backward(q, k, v)
+        ctx.p, ctx.o, ctx.scale, ctx.raise_when_recorded = p, o, scale, raise_when_recorded
+        return o, torch.logsumexp(s, -1)
+
+    @staticmethod
+    def backward(ctx, do, dlse):
+        q, k, v = ctx.saved_tensors
+        p, o, scale = ctx.p, ctx.o, ctx.scale
+        if torch.is_grad_enabled() and ctx.raise_when_recorded:  # create_graph=True: a graph of the backward
+            raise RuntimeError("one of the variables needed for gradient computation has been modified")
+        ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+        return scale * ds @ k, scale * ds.transpose(-1, -2) @ q, p.transpose(-1, -2) @ do, None, None
+
+
+class _OnceDifferentiable(_SavedP):
+    backward = staticmethod(torch.autograd.function.once_differentiable(_SavedP.backward))
+
+
+def _autograd_kernel(name: str, function: type[torch.autograd.Function], *,
+                     raise_when_recorded: bool = False) -> Kernel:
+    def attention(q, k, v, *, causal=False, scale=None):
+        scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+        return function.apply(q, k, v, scale, raise_when_recorded)
+
+    return _kernel(name, attention, **_F64_CAPS)
+
+
+@contextlib.contextmanager
+def _few_examples(kernel: Kernel) -> Iterator[None]:
+    """A few examples (gradgradcheck runs a quarter), no shrinking; the kernel's tallies dropped afterwards."""
+    settings.register_profile("flashprop-meta-diagnosis-saved", settings.default)
+    settings.register_profile("flashprop-meta-diagnosis", settings.default, max_examples=40,
+                              phases=[Phase.explicit, Phase.generate], database=None)
+    settings.load_profile("flashprop-meta-diagnosis")
+    try:
+        yield
+    finally:
+        settings.load_profile("flashprop-meta-diagnosis-saved")
+        report.forget(kernel.name)
+
+
+def test_a_wrong_double_backward_gets_the_once_differentiable_hint():
+    kernel = _autograd_kernel("meta-saved-p", _SavedP)
+    with _few_examples(kernel), pytest.raises(PropertyFailure) as failure:
+        test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+    text = str(failure.value)
+    assert "Jacobians of o differ" in text and "@torch.autograd.function.once_differentiable" in text, text
+
+
+def test_a_once_differentiable_backward_is_a_clean_refusal():
+    kernel = _autograd_kernel("meta-once", _OnceDifferentiable)
+    with _few_examples(kernel), pytest.raises(pytest.skip.Exception, match="not differentiable"):
+        test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+
+
+def test_a_probe_of_double_backward_that_raises_is_a_tallied_failure():
+    """The probe runs before the property's examples: its failure is still in the table and the
+    causes, as the kernel's error."""
+    kernel = _autograd_kernel("meta-probe-raises", _SavedP, raise_when_recorded=True)
+    with _few_examples(kernel):
+        with pytest.raises(PropertyFailure) as failure:
+            test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+        tally = report.TALLIES[(kernel.name, "gradgradcheck")]
+        assert tally.failed == 1 and tally.last_failure == str(failure.value)
+        groups = [g for g in report.failure_groups() if g.kernel == kernel.name]
+    assert [g.properties for g in groups] == [("gradgradcheck",)]
+    assert groups[0].headline.startswith("the kernel raised RuntimeError: one of the variables"), groups[0]
+    assert "once_differentiable" in str(failure.value)

@@ -8,12 +8,17 @@ element. Only o is differentiated: the contract does not require lse to be diffe
 
 gradgradcheck runs where the kernel's backward is itself differentiable. That is probed once:
 the gradients taken with ``create_graph=True`` must require grad and depend on q, k, v or dO
-again; a backward marked ``once_differentiable`` or computed outside autograd is skipped with
-the reason. A backward that builds a graph but gets the second derivatives wrong fails.
+again; a backward marked ``once_differentiable`` or computed outside autograd is a clean refusal
+(its gradients do not require grad, or differentiating them raises RuntimeError or
+NotImplementedError) and the test is skipped with the reason. A backward that builds a graph
+but gets the second derivatives wrong fails, and so does a probe that raises anything else (a
+tallied failure, as an example's): both reports say that a backward not meant to be
+differentiated is marked ``@torch.autograd.function.once_differentiable``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -23,9 +28,21 @@ from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.check import PropertyFailure, failure, run_property
+from flashprop.harness.diagnosis import PREFIX
+from flashprop.harness.report import record
 from flashprop.harness.strategies import Sizes, problems
 
 F64 = torch.float64
+#: Errors of a second derivative that refuse it cleanly (``once_differentiable`` raises RuntimeError).
+REFUSALS = (RuntimeError, NotImplementedError)
+
+
+def once_differentiable_hint(what: str) -> str:
+    """The diagnosis of a double backward that fails (``what``: how), for a backward that may not
+    be meant to be differentiated."""
+    return (f"{PREFIX}{what}: if the backward is not meant to be differentiated, decorate it with "
+            "@torch.autograd.function.once_differentiable (or compute it outside autograd); the suite "
+            "then checks that double backward is refused cleanly instead")
 
 
 def _tiny(caps: Capabilities, sizes: Sizes, n: int = 9, d: int = 8) -> Sizes:
@@ -60,14 +77,16 @@ def _checker(prop: str, check_fn: Callable[..., bool]) -> Callable[[Kernel, Prob
         inputs = p.inputs(requires_grad=True)
         repro = (f"{prop} repro: torch.autograd.{prop}(lambda q, k, v: load_kernel({kernel.name!r})(q, k, v, "
                  f"causal=p.causal, scale=p.scale, block_m=p.block_m, block_n=p.block_n)[0], (q, k, v))")
+        hint = [once_differentiable_hint(f"the backward builds a graph but its {prop} fails")] * (
+            prop == "gradgradcheck")
         try:
             ok = check_fn(_o_of(kernel, p), inputs, fast_mode=True, raise_exception=False)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
             detail = f"{prop} raised {type(err).__name__}: {str(err).strip().splitlines()[0]}"
-            raise PropertyFailure(failure(kernel, p, prop, [detail, repro], backward=True)) from err
+            raise PropertyFailure(failure(kernel, p, prop, [detail, *hint, repro], backward=True)) from err
         if not ok:
             detail = f"{prop}: analytical and finite-difference (float64) Jacobians of o differ (fast mode)"
-            raise PropertyFailure(failure(kernel, p, prop, [detail, repro], backward=True))
+            raise PropertyFailure(failure(kernel, p, prop, [detail, *hint, repro], backward=True))
 
     return check
 
@@ -90,16 +109,28 @@ def _probe(caps: Capabilities, device: str) -> Problem | None:
 
 
 def _double_backward_unsupported(kernel: Kernel, p: Problem) -> str | None:
-    """Why the kernel's backward cannot be differentiated (``None`` when it can be)."""
-    q, k, v = p.inputs(requires_grad=True)
-    do = p.grad_output().requires_grad_()
-    grads = torch.autograd.grad(_o_of(kernel, p)(q, k, v), (q, k, v), do, create_graph=True)
-    if not all(g.requires_grad for g in grads):
-        return "its gradients do not require grad"
+    """Why the kernel's backward cannot be differentiated (``None`` when it can be). A probe that
+    raises other than with a clean refusal is the property's failure on ``p``, tallied."""
+    start = time.perf_counter()
     try:
-        second = torch.autograd.grad(sum(g.sum() for g in grads), (q, k, v, do), allow_unused=True)
-    except RuntimeError as err:
-        return str(err).splitlines()[0]
+        q, k, v = p.inputs(requires_grad=True)
+        do = p.grad_output().requires_grad_()
+        grads = torch.autograd.grad(_o_of(kernel, p)(q, k, v), (q, k, v), do, create_graph=True)
+        if not all(g.requires_grad for g in grads):
+            return "its gradients do not require grad"
+        try:
+            second = torch.autograd.grad(sum(g.sum() for g in grads), (q, k, v, do), allow_unused=True)
+        except REFUSALS as err:
+            return str(err).splitlines()[0]
+    except Exception as err:
+        text = (str(err).strip().splitlines() or [""])[0]
+        message = failure(kernel, p, "gradgradcheck", [
+            f"the kernel raised {type(err).__name__}: {text}",
+            "(probing double backward: o, then its gradients with create_graph=True, then theirs)",
+            once_differentiable_hint("its backward raises when autograd records it"),
+        ], backward=True)
+        record(kernel.name, "gradgradcheck", "failed", time.perf_counter() - start, message)
+        raise PropertyFailure(message) from err
     if all(g is None for g in second):  # e.g. once_differentiable: a graph that leads nowhere
         return "its gradients are not connected to q, k, v or dO"
     return None
