@@ -19,9 +19,15 @@ A failure report (:func:`harness.check.failure`) is ``property 'P' failed for ke
 
 Two failures of one kernel with equal keys share a cause. A failure with none of these (a
 property's own check: a metamorphic relation, determinism, gradcheck) joins a group of that
-kernel with key 2 or 3 that holds its identical shrunk problem, else the other keyless failures
-of its identical problem (one problem failing several properties), else stands alone. Failures
-with different keys are never merged, whatever their problems: each key is evidence of its own.
+kernel with key 2 or 3 that holds its identical shrunk problem; else
+
+4. a disagreement of two runs of the kernel (``o: NaN in 24 elements``, :mod:`harness.agreement`)
+   has the key ``relation o (NaN)``: the tensor and the kind (NaN, inf, off, shape), as one
+   cause for every metamorphic relation it breaks;
+
+else it joins the other failures without a key of its identical problem (one problem failing
+several properties), else stands alone. Failures with different keys are never merged, whatever
+their problems: each key is evidence of its own.
 Where one kernel has two undiagnosed bugs with the same symptom (o off the golden, finite), they
 are one entry: the report of the smallest problem shows one of them, the next run the other.
 
@@ -115,12 +121,6 @@ def cause_line(report: str) -> str | None:
     return None if named is None else named.line
 
 
-def cause_key(report: str) -> str | None:
-    """The cause key of ``report`` (see the module docstring), or ``None``."""
-    named = _named(report)
-    return None if named is None else named.key
-
-
 def normalize(line: str) -> str:
     """``line`` with addresses and numbers blanked and spaces collapsed."""
     return " ".join(_NUMBER.sub("#", _ADDRESS.sub("0x#", line)).split())
@@ -149,34 +149,46 @@ def _smallest(members: list[Failure]) -> Failure:
     return min(members, key=lambda f: (problem_size(f.report), len(f.report), f.prop))
 
 
+def _relation(report: str) -> tuple[str, str] | None:
+    """``(key, line)`` of the first disagreement of two runs in the report's details, or ``None``."""
+    return next(((key, line) for line in _details(report) if (key := symptoms.relation_key(line))), None)
+
+
 def group(failures: Iterable[Failure]) -> list[Group]:
     """Failures grouped by cause (see the module docstring); groups of more properties first,
     then by kernel and property name."""
-    named: dict[tuple[str, str], list[tuple[Failure, _Named]]] = {}
+    named: dict[tuple[str, str], list[tuple[Failure, str]]] = {}
     mismatch: dict[tuple[str, str], tuple[str, str]] = {}  # (kernel, problem) -> a rule 2 or 3 key
-    keyless: dict[tuple[str, str], list[Failure]] = {}
+    rest: list[Failure] = []
     for f in sorted(failures, key=lambda f: (f.kernel, f.prop)):
-        place = (f.kernel, _problem_text(f.report))
         found = _named(f.report)
         if found is None:
-            keyless.setdefault(place, []).append(f)
+            rest.append(f)
             continue
-        named.setdefault((f.kernel, found.key), []).append((f, found))
+        named.setdefault((f.kernel, found.key), []).append((f, found.line))
         if found.rule > 1:
-            mismatch.setdefault(place, (f.kernel, found.key))
+            mismatch.setdefault((f.kernel, _problem_text(f.report)), (f.kernel, found.key))
     joined: dict[tuple[str, str], list[Failure]] = {}
-    groups: list[Group] = []
-    for place, members in keyless.items():
+    by_problem: dict[tuple[str, str], list[Failure]] = {}
+    for f in rest:
+        place = (f.kernel, _problem_text(f.report))
+        relation = _relation(f.report)
         if place in mismatch:
-            joined.setdefault(mismatch[place], []).extend(members)
-        elif len(members) > 1:
-            groups.append(Group(place[0], PROBLEM_PREFIX + place[1], tuple(f.prop for f in members),
-                                _smallest(members), "one shrunk problem, no cause named"))
+            joined.setdefault(mismatch[place], []).append(f)
+        elif relation is not None:
+            named.setdefault((f.kernel, relation[0]), []).append((f, relation[1]))
         else:
-            groups.append(Group(place[0], None, (members[0].prop,), members[0], "outputs off the golden"))
+            by_problem.setdefault(place, []).append(f)
+    groups: list[Group] = []
     for (kernel, key), members in named.items():
         smallest = _smallest([f for f, _ in members])
-        line = next(n.line for f, n in members if f is smallest)
+        line = next(line for f, line in members if f is smallest)
         props = sorted(f.prop for f in [*(f for f, _ in members), *joined.get((kernel, key), [])])
         groups.append(Group(kernel, key, tuple(props), smallest, line))
+    for (kernel, text), members in by_problem.items():
+        if len(members) > 1:
+            groups.append(Group(kernel, PROBLEM_PREFIX + text, tuple(f.prop for f in members),
+                                _smallest(members), "one shrunk problem, no cause named"))
+        else:
+            groups.append(Group(kernel, None, (members[0].prop,), members[0], "outputs off the golden"))
     return sorted(groups, key=lambda g: (-len(g.properties), g.kernel, g.properties))

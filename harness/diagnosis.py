@@ -252,47 +252,56 @@ def _keys(p: Problem) -> int:
     return max(pair[1] for pair in p.seqlens) if p.seqlens else p.nk
 
 
+def _off(actual: torch.Tensor, expected: torch.Tensor, limit: float) -> torch.Tensor:
+    """Per element, whether ``actual`` misses ``expected`` (float64, CPU): NaN or inf where it is
+    not, or finite and farther than ``limit``."""
+    same = (actual == expected) | (torch.isnan(actual) & torch.isnan(expected))
+    close = torch.isfinite(actual) & torch.isfinite(expected) & ((actual - expected).abs() <= limit)
+    return ~(same | close)
+
+
 def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Golden,
               limits: dict[str, float]) -> list[str]:
     """A softmax without its max subtraction: ``exp(s)`` overflows a working dtype T on the rows
-    whose lse exceeds ln(max T), and underflows to 0 (l = 0) on rows whose logits all lie below
-    ln(smallest subnormal T); o (or lse) is inf/NaN on such rows only and matches the golden on
-    the rows well inside T's range (a margin of 1, and ln Nk at the bottom: a row's largest term
-    is at least exp(lse) / Nk), every row surely past the range is broken."""
+    whose lse exceeds ln(max T), and underflows (to subnormals, or to l = 0) on rows whose
+    largest logit lies below ln(smallest normal T) (at least lse - ln Nk; T float32 or float64:
+    an underflow in float16 goes unseen where l is summed wider). The rows off the golden are
+    rows of such logits (a margin of 1), and so is every row surely past T's range."""
     g_lse = golden[1].detach().to(torch.float64).cpu()
     o64, g64 = _rows(p, o), _rows(p, golden[0])
-    lse64 = None if lse is None else lse.detach().to(torch.float64).cpu()
     seen = torch.isfinite(g_lse)
-    broken = ~torch.isfinite(o64).all(-1)
-    if lse64 is not None:
-        broken |= ~torch.isfinite(lse64)
-    broken &= seen
-    if not broken.any():
+    off = _off(o64, g64, limits["o"]).any(-1)
+    if lse is not None:
+        off |= _off(lse.detach().to(torch.float64).cpu(), g_lse, limits.get("lse", math.inf))
+    off &= seen
+    if not off.any():
         return []
     for t in (torch.float64,) if p.dtype == torch.float64 else (torch.float32, torch.float16):
         info, name = torch.finfo(t), str(t).removeprefix("torch.")
-        high, low, lowest = math.log(info.max), math.log(info.tiny), math.log(info.tiny * info.eps)
-        over = seen & (g_lse > high - 1)
-        under = seen & (g_lse < low + math.log(max(_keys(p), 1)) + 1)
+        high = math.log(info.max)
+        over, sure = seen & (g_lse > high - 1), seen & (g_lse > high + 1)
+        under = torch.zeros_like(seen)
+        if t != torch.float16:
+            low, lowest = math.log(info.tiny), math.log(info.tiny * info.eps)
+            under = seen & (g_lse < low + math.log(max(_keys(p), 1)) + 1)
+            sure |= seen & (g_lse < lowest - 1)
         small = seen & ~over & ~under
-        sure = seen & ((g_lse > high + 1) | (g_lse < lowest - 1))
-        if (broken & small).any() or (sure & ~broken).any():
-            continue
-        if not _within(o64[small], g64[small], limits["o"]) or (
-                lse64 is not None and not _within(lse64[small], g_lse[small], limits.get("lse", math.inf))):
+        if (off & small).any() or (sure & ~off).any():
             continue
         where = []
-        if (broken & over).any():
-            top = float(g_lse[broken & over].max())
-            where.append(f"overflow {name} (lse up to {top:.4g}, past ln(max {name}) = {high:.4g})")
-        if (broken & under).any():
-            bottom = float(g_lse[broken & under].min())
-            where.append(f"all underflow to 0 in {name} (lse down to {bottom:.4g})")
-        rest = (f"matches the golden on the {int(small.sum())} rows whose logits are small" if small.any()
+        if (off & over).any():
+            top = float(g_lse[off & over].max())
+            where.append(f"overflows {name} (lse up to {top:.4g}, past ln(max {name}) = {high:.4g})")
+        if (off & under).any():
+            bottom = float(g_lse[off & under].min())
+            where.append(f"underflows {name} (lse down to {bottom:.4g}, ln(smallest normal) = {low:.4g})")
+        nonfinite = ~torch.isfinite(o64).all(-1) | (False if lse is None else ~torch.isfinite(lse.cpu()))
+        how = "inf/NaN" if bool(nonfinite[off].all()) else "off the golden"
+        rest = (f"matches it on the {int(small.sum())} rows whose logits are small" if small.any()
                 else "no row has small logits")
-        return [f"a softmax without its max subtraction: o is inf/NaN on the {int(broken.sum())} rows whose "
-                f"exp(s) {' or '.join(where)}, and {rest}: exponentiate s - m, m the row's running max "
-                "(from -inf, rescaling by exp(m_old - m_new))"]
+        return [f"a softmax without its max subtraction: the output is {how} on the {int(off.sum())} rows "
+                f"where exp(s) {' or '.join(where)}, and {rest}: exponentiate s - m, m the row's "
+                "running max (from -inf, rescaling by exp(m_old - m_new))"]
     return []
 
 
@@ -324,17 +333,19 @@ def _float32_only(p: Problem, out_o, out_lse, golden: Golden, inputs: KernelInpu
 def diagnose(p: Problem, alignment: str, o: torch.Tensor, lse: torch.Tensor | None,
              limits: dict[str, float]) -> list[str]:
     """One-line diagnoses of a failing forward output (``limits``: the failing comparison's
-    budgets for o and lse), by the neighbouring conventions and row patterns it matches."""
+    budgets for o and lse): the neighbouring conventions it matches, else the row patterns."""
     inputs = p.kernel_inputs()
     golden = lifted(p, attention_golden, inputs, alignment)
-    found = (_empty_rows(p, o, golden, limits, inputs.args[2]) + _overflow(p, o, lse, golden, limits)
-             + _float32_only(p, o, lse, golden, inputs, alignment))
+    found = []
     for n in NEIGHBOURS:
         if not n.applies(p, alignment):
             continue
         alt_o, alt_lse = lifted(p, n.dense(p, alignment), inputs, alignment)
         if _within(o, alt_o, limits["o"]) and _within(lse, alt_lse, limits.get("lse", math.inf)):
             found.append(n.message(p, alignment))
+    if not found:  # a whole convention explains every row; the row patterns only some
+        found = (_empty_rows(p, o, golden, limits, inputs.args[2]) + _overflow(p, o, lse, golden, limits)
+                 + _float32_only(p, o, lse, golden, inputs, alignment))
     return [PREFIX + line for line in found]
 
 

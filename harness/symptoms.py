@@ -15,10 +15,15 @@ of a wrong forward are wrong with it, and the backward properties judge o withou
 only gradients are off, the set of them with their kinds. A direction is part of the key for lse
 only: a bug that adds to or drops a term of lse moves it one way on every problem, while o and
 the gradients are off both ways or one way by the chance of the signs of the values.
+
+A property that compares two runs of the kernel (:func:`harness.agreement.disagreement`: a
+metamorphic relation) names the tensor and the kind of disagreement in its first line of one,
+``o: NaN in 24 elements, ...``; :func:`relation_key` reads it (``relation o (NaN)``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -30,6 +35,9 @@ FORWARD = ("o", "lse")
 #: A reason of :meth:`Comparison.outright` or :func:`tolerance.compare`, by its start -> kind.
 _REASONS = {"NaN": "NaN", "inf": "inf", "no gradient": "missing", "output dtype": "dtype", "shape": "shape"}
 _DIRECTIONS = ("above it", "below it", "both ways")
+#: A line of :func:`harness.agreement.disagreement`: the tensor, then what differs.
+_DISAGREEMENT = re.compile(r"^(o|lse|dq|dk|dv|dsinks): (NaN in|inf pattern differs|max\|a - b\||shapes)")
+_DISAGREEMENT_KINDS = {"NaN in": "NaN", "inf pattern differs": "inf", "max|a - b|": "off", "shapes": "shape"}
 
 
 def kind(r: Comparison, actual: torch.Tensor | None, golden: torch.Tensor | None) -> str:
@@ -73,3 +81,9 @@ def key(line: str) -> str | None:
             return f"forward {name} ({'off' if name == 'o' and found in _DIRECTIONS else found})"
     grads = (f"{name} ({'off' if found in _DIRECTIONS else found})" for name, found in sorted(off.items()))
     return "backward " + ", ".join(grads)
+
+
+def relation_key(line: str) -> str | None:
+    """The key of a disagreement line of two runs (``None``: not one): ``relation o (NaN)``."""
+    found = _DISAGREEMENT.match(line)
+    return None if found is None else f"relation {found[1]} ({_DISAGREEMENT_KINDS[found[2]]})"

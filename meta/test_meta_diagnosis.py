@@ -139,7 +139,9 @@ CASES = [
      "diagonal excluded (key j visible iff j < i,"),
     (_causal(1), {}, Problem(nq=6, nk=6, d=8, dv=8, **CAUSAL), "one key past the diagonal"),
     (exp_without_max, {}, Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large"),
-     "without its max subtraction: o is inf/NaN on the"),
+     "without its max subtraction: the output is inf/NaN on the"),
+    (exp_without_max, {}, Problem(b=2, hq=2, nq=6, nk=4, d=16, dv=8, dist="negative"),
+     "rows where exp(s) underflows float32"),
     (lse_base2, {}, Problem(nq=6, nk=6, d=8, dv=8), "lse in base 2"),
     (in_float32, {}, Problem(nq=6, nk=9, d=8, dv=8, dtype=torch.float64), "only to float32 precision"),
     (nan_empty_rows, {}, Problem(nq=9, nk=4, d=8, dv=8, dtype=torch.float64, **CAUSAL), "NaN only on rows"),
@@ -271,7 +273,8 @@ def _autograd_kernel(name: str, function: type[torch.autograd.Function], *,
 
 @contextlib.contextmanager
 def _few_examples(kernel: Kernel) -> Iterator[None]:
-    """A few examples (gradgradcheck runs a quarter), no shrinking; the kernel's tallies dropped afterwards."""
+    """A few examples (gradgradcheck runs a quarter), no shrinking; the kernel's tallies dropped
+    afterwards."""
     settings.register_profile("flashprop-meta-diagnosis-saved", settings.default)
     settings.register_profile("flashprop-meta-diagnosis", settings.default, max_examples=40,
                               phases=[Phase.explicit, Phase.generate], database=None)
@@ -289,6 +292,16 @@ def test_a_wrong_double_backward_gets_the_once_differentiable_hint():
         test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
     text = str(failure.value)
     assert "Jacobians of o differ" in text and "@torch.autograd.function.once_differentiable" in text, text
+
+
+def test_a_wrong_first_derivative_is_named_before_the_second():
+    """A backward that is wrong already (dV reversed): gradgradcheck says gradcheck fails too,
+    and gives no hint about once_differentiable."""
+    kernel = _kernel("meta-dv-flipped-f64", dv_flipped, **_F64_CAPS)
+    with _few_examples(kernel), pytest.raises(PropertyFailure) as failure:
+        test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+    assert "the first derivatives are wrong too (gradcheck fails" in str(failure.value)
+    assert "once_differentiable" not in str(failure.value)
 
 
 def test_a_once_differentiable_backward_is_a_clean_refusal():

@@ -77,18 +77,34 @@ def _checker(prop: str, check_fn: Callable[..., bool]) -> Callable[[Kernel, Prob
         inputs = p.inputs(requires_grad=True)
         repro = (f"{prop} repro: torch.autograd.{prop}(lambda q, k, v: load_kernel({kernel.name!r})(q, k, v, "
                  f"causal=p.causal, scale=p.scale, block_m=p.block_m, block_n=p.block_n)[0], (q, k, v))")
-        hint = [once_differentiable_hint(f"the backward builds a graph but its {prop} fails")] * (
-            prop == "gradgradcheck")
+
+        def failed(detail: str) -> PropertyFailure:
+            hint = [_double_backward_hint(kernel, p)] if prop == "gradgradcheck" else []
+            return PropertyFailure(failure(kernel, p, prop, [detail, *hint, repro], backward=True))
+
         try:
             ok = check_fn(_o_of(kernel, p), inputs, fast_mode=True, raise_exception=False)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
-            detail = f"{prop} raised {type(err).__name__}: {str(err).strip().splitlines()[0]}"
-            raise PropertyFailure(failure(kernel, p, prop, [detail, *hint, repro], backward=True)) from err
+            raise failed(f"{prop} raised {type(err).__name__}: {str(err).strip().splitlines()[0]}") from err
         if not ok:
-            detail = f"{prop}: analytical and finite-difference (float64) Jacobians of o differ (fast mode)"
-            raise PropertyFailure(failure(kernel, p, prop, [detail, *hint, repro], backward=True))
+            raise failed(f"{prop}: analytical and finite-difference (float64) Jacobians of o differ "
+                         "(fast mode)")
 
     return check
+
+
+def _double_backward_hint(kernel: Kernel, p: Problem) -> str:
+    """The diagnosis of a failed gradgradcheck: the first derivatives are wrong too (gradcheck
+    fails on the same problem), or the hint for a backward not meant to be differentiated."""
+    try:
+        first = torch.autograd.gradcheck(_o_of(kernel, p), p.inputs(requires_grad=True), fast_mode=True,
+                                         raise_exception=False)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        first = False
+    if not first:
+        return (f"{PREFIX}the first derivatives are wrong too (gradcheck fails on this problem): "
+                "fix the backward before its derivative")
+    return once_differentiable_hint("the backward builds a graph but its derivatives are wrong")
 
 
 def test_gradcheck(kernel, device, sizes):

@@ -1,0 +1,143 @@
+"""Meta-tests of the grouping of failures by cause (harness/causes.py) on reports that the golden
+comparison writes (harness/check.py): one bug, one entry, whichever properties and problems it
+fails; two bugs of one kernel, two entries; the shrunk problem joins what has no other key."""
+
+from __future__ import annotations
+
+import pytest
+from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
+from flashprop.harness.causes import Failure, cause_line, group
+from flashprop.harness.check import (
+    PropertyFailure,
+    assert_close_to_golden,
+    failure,
+    gradient_names,
+    run_kernel,
+)
+from flashprop.harness.report import REPRO_HEADER
+from flashprop.refimpl import attention_golden, attention_yardstick
+
+pytestmark = pytest.mark.meta
+
+FORWARD = Problem(b=2, hq=2, nq=5, nk=7, d=8, dv=8)
+BACKWARD = Problem(hq=2, hkv=1, nq=6, nk=4, d=16, dv=8, causal=True)
+ODD = Problem(nq=3, nk=3, d=40, dv=40, layout="transposed")
+SINKS = Problem(nq=4, nk=5, d=8, dv=8, sinks="mixed")
+
+
+def _kernel(name: str, fn, **caps) -> Kernel:
+    fn.capabilities = Capabilities(window=True, sinks=True, **caps)
+    return Kernel(name=name, fn=fn, capabilities=fn.capabilities)
+
+
+def _report(kernel: Kernel, prop: str, problem: Problem, names: tuple[str, ...]) -> Failure:
+    """The failure report of the golden comparison of ``names`` on ``problem``."""
+    out = run_kernel(kernel, problem, prop, backward=any(n.startswith("d") for n in names))
+    with pytest.raises(PropertyFailure) as raised:
+        assert_close_to_golden(kernel, problem, prop, out, names)
+    return Failure(kernel.name, prop, str(raised.value))
+
+
+def _o_off_when_causal_else_lse(q, k, v, *, causal=False, scale=None, **variants):
+    """Two bugs: o off by 1% on causal problems, lse off by 0.5 on the others (a yardstick with
+    autograd, so the backward follows the forward)."""
+    o, lse = attention_yardstick(q, k, v, causal=causal, scale=scale, **variants)
+    return (1.01 * o, lse) if causal else (o, lse + 0.5)
+
+
+def _dv_flipped(q, k, v, *, causal=False, scale=None, **variants):
+    """A right forward; dV comes out with its key rows reversed."""
+    return attention_yardstick(q, k, v.detach() + (v - v.detach()).flip(-2), causal=causal, scale=scale,
+                               **variants)
+
+
+def test_one_bug_is_one_entry_and_two_bugs_are_two():
+    """o off the golden (undiagnosed) fails forward, backward and odd-head-dims on three problems:
+    one cause; the same kernel's lse bug on non-causal problems is another."""
+    kernel = _kernel("meta-two-bugs", _o_off_when_causal_else_lse)
+    failures = [
+        _report(kernel, "forward", FORWARD.replace(causal=True), ("o", "lse")),
+        _report(kernel, "backward", BACKWARD, ("o", *gradient_names(BACKWARD))),
+        _report(kernel, "odd-head-dims", ODD.replace(causal=True), ("o", "lse", "dq", "dk", "dv")),
+        _report(kernel, "single-token", Problem(nq=1, nk=3, d=8, dv=8), ("o", "lse")),
+        _report(kernel, "window-forward", FORWARD.replace(window=(2, 1)), ("o", "lse")),
+    ]
+    groups = group(failures)
+    assert [(g.properties, g.cause) for g in groups] == [
+        (("backward", "forward", "odd-head-dims"), "forward o (off)"),
+        (("single-token", "window-forward"), "forward lse (above it)"),
+    ]
+    assert groups[0].smallest.prop == "odd-head-dims"  # least work: 3 x 3 x 40
+    assert groups[0].headline.startswith("off the golden: o (")
+    assert groups[1].headline == "off the golden: lse (above it); within budget: o"
+
+
+def test_one_wrong_gradient_is_one_entry_with_and_without_sinks():
+    """The dV bug under the backward and the sinks-backward properties: one cause, whichever
+    other gradients (dsinks) are judged."""
+    kernel = _kernel("meta-dv-flipped", _dv_flipped)
+    failures = [_report(kernel, prop, p, ("o", *gradient_names(p)))
+                for prop, p in (("backward", BACKWARD), ("sinks-backward", SINKS))]
+    (only,) = group(failures)
+    assert only.properties == ("backward", "sinks-backward")
+    assert only.cause == "dv does not match the golden"
+
+
+def test_a_report_without_a_cause_joins_the_mismatch_of_its_problem():
+    """A property's own check (no comparison with the golden) on the shrunk problem of a golden
+    mismatch joins it; two such checks on another problem are one entry; an error's group takes
+    no one; the repro's lines are not details (a line there naming an error is not a cause)."""
+    kernel = _kernel("meta-off", _o_off_when_causal_else_lse)
+    causal = FORWARD.replace(causal=True)
+    mismatch = _report(kernel, "forward", causal, ("o", "lse"))
+
+    def own(prop: str, p: Problem, detail: str) -> Failure:
+        return Failure(kernel.name, prop, failure(kernel, p, prop, [detail]))
+
+    relation = "kernel(2q, scale=s) != kernel(q, scale=2s)"
+    folded = [own(prop, p, relation)
+              for prop, p in (("scale-folding", causal), ("shift-invariance", ODD), ("kv-permutation", ODD))]
+    error = "the kernel raised RuntimeError: no kernel for D = 8"
+    raised, loner = own("gqa", SINKS, error), own("empty-rows", SINKS, "o != 0 on the empty rows")
+    groups = {g.properties: g for g in group([mismatch, *folded, raised, loner])}
+    assert set(groups) == {("forward", "scale-folding"), ("kv-permutation", "shift-invariance"), ("gqa",),
+                           ("empty-rows",)}
+    assert groups[("forward", "scale-folding")].smallest is mismatch
+    assert groups[("kv-permutation", "shift-invariance")].headline == "one shrunk problem, no cause named"
+    assert groups[("empty-rows",)].cause is None and groups[("gqa",)].headline == error
+    spoofed = loner.report.replace(REPRO_HEADER, f"{REPRO_HEADER}\n    {error}")
+    assert cause_line(spoofed) is None and cause_line(raised.report) == error
+
+
+def test_the_symptom_names_nan_and_the_direction_of_lse():
+    """NaN in o is its own kind of symptom (not the same cause as a finite o off the golden)."""
+    def nan_row(q, k, v, *, causal=False, scale=None):
+        o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
+        o[..., 0, :] = float("nan")
+        return o.to(q.dtype), lse.float()
+
+    kernel = _kernel("meta-nan-row", nan_row)
+    (only,) = group([_report(kernel, "forward", FORWARD, ("o", "lse"))])
+    assert only.cause == "forward o (NaN)", only.headline
+
+
+def test_metamorphic_disagreements_of_one_kind_are_one_cause():
+    """Two runs of the kernel that disagree with NaN in o, under two relations and problems: one
+    cause; a relation off in lse is another."""
+    kernel = _kernel("meta-relations", _dv_flipped)
+
+    def relation(prop: str, p: Problem, line: str) -> Failure:
+        return Failure(kernel.name, prop, failure(kernel, p, prop, ["the relation's two runs", line]))
+
+    groups = group([
+        relation("shift-invariance", ODD, "o: NaN in 8 elements, first at (0, 0, 1, 0)"),
+        relation("scale-folding", FORWARD, "o: NaN in 1 elements, first at (0, 0, 0, 0)"),
+        relation("split-kv-merge", SINKS, "lse: max|a - b| = 1.2e-01 at (0, 0, 0) (1 vs 2) > budget 4e-03"),
+    ])
+    assert [(g.properties, g.cause) for g in groups] == [
+        (("scale-folding", "shift-invariance"), "relation o (NaN)"),
+        (("split-kv-merge",), "relation lse (off)"),
+    ]
+    assert groups[0].headline == "o: NaN in 8 elements, first at (0, 0, 1, 0)"  # ODD: least work
