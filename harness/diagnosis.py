@@ -262,11 +262,13 @@ def _off(actual: torch.Tensor, expected: torch.Tensor, limit: float) -> torch.Te
 
 def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Golden,
               limits: dict[str, float]) -> list[str]:
-    """A softmax without its max subtraction: ``exp(s)`` overflows a working dtype T on the rows
-    whose lse exceeds ln(max T), and underflows (to subnormals, or to l = 0) on rows whose
-    largest logit lies below ln(smallest normal T) (at least lse - ln Nk; T float32 or float64:
-    an underflow in float16 goes unseen where l is summed wider). The rows off the golden are
-    rows of such logits (a margin of 1), and so is every row surely past T's range."""
+    """A softmax without its max subtraction: ``exp(s)`` overflows a working dtype T (float32, or
+    float16 where P is cast to it for the PV product; float64 for float64 problems) on the rows
+    whose lse exceeds ln(max T), and underflows (to subnormals, or to 0) on rows whose largest
+    logit lies below ln(smallest normal T) (at least lse - ln Nk). The rows off the golden are
+    rows of such logits (a margin of 1), and so is every row surely past T's range. With no row
+    of small logits to be right on, the rows off must carry the failure's own marks: inf or NaN,
+    or o = 0 exactly (every term underflowed)."""
     g_lse = golden[1].detach().to(torch.float64).cpu()
     o64, g64 = _rows(p, o), _rows(p, golden[0])
     seen = torch.isfinite(g_lse)
@@ -276,18 +278,21 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
     off &= seen
     if not off.any():
         return []
+    nonfinite = ~torch.isfinite(o64).all(-1)
+    if lse is not None:
+        nonfinite |= ~torch.isfinite(lse.detach().cpu())
     for t in (torch.float64,) if p.dtype == torch.float64 else (torch.float32, torch.float16):
         info, name = torch.finfo(t), str(t).removeprefix("torch.")
         high = math.log(info.max)
-        over, sure = seen & (g_lse > high - 1), seen & (g_lse > high + 1)
-        under = torch.zeros_like(seen)
-        if t != torch.float16:
-            low, lowest = math.log(info.tiny), math.log(info.tiny * info.eps)
-            under = seen & (g_lse < low + math.log(max(_keys(p), 1)) + 1)
-            sure |= seen & (g_lse < lowest - 1)
+        low, lowest = math.log(info.tiny), math.log(info.tiny * info.eps)
+        over = seen & (g_lse > high - 1)
+        under = seen & (g_lse < low + math.log(max(_keys(p), 1)) + 1)
+        sure = seen & ((g_lse > high + 1) | (g_lse < lowest - 1))
         small = seen & ~over & ~under
         if (off & small).any() or (sure & ~off).any():
             continue
+        if not small.any() and not bool((nonfinite | (o64 == 0).all(-1))[off].all()):
+            continue  # no row to be right on: only the failure's own marks (inf, NaN, all-zero p) count
         where = []
         if (off & over).any():
             top = float(g_lse[off & over].max())
@@ -295,7 +300,6 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
         if (off & under).any():
             bottom = float(g_lse[off & under].min())
             where.append(f"underflows {name} (lse down to {bottom:.4g}, ln(smallest normal) = {low:.4g})")
-        nonfinite = ~torch.isfinite(o64).all(-1) | (False if lse is None else ~torch.isfinite(lse.cpu()))
         how = "inf/NaN" if bool(nonfinite[off].all()) else "off the golden"
         rest = (f"matches it on the {int(small.sum())} rows whose logits are small" if small.any()
                 else "no row has small logits")

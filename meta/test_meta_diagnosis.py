@@ -181,15 +181,33 @@ def test_the_catalogues_strict_diagonal_is_diagnosed_with_variants(mutant: str, 
     assert any("with the diagonal excluded" in line for line in diagnoses), diagnoses
 
 
-def test_overflow_is_not_claimed_where_small_logits_are_wrong_too():
-    """NaN on the large-logit rows and o off elsewhere: not the missing max subtraction."""
+@pytest.mark.parametrize("problem", [
+    Problem(nq=1, nk=1, d=1, dv=1, dtype=torch.float16, dist="large", block_m=3, block_n=3),  # its shrunk one
+    Problem(b=2, hq=2, nq=7, nk=9, d=8, dv=8, dtype=torch.float16, dist="large", block_m=3, block_n=3),
+])
+def test_the_catalogues_exp_without_max_is_diagnosed(problem: Problem):
+    """P = exp(s) cast to float16 for the PV product: inf past s = 11.1, 0 below s = -9.7."""
+    diagnoses = _diagnoses(_mutant("blocked_exp_without_max"), problem, ("o", "lse"))
+    assert any("a softmax without its max subtraction" in line and "float16" in line for line in diagnoses)
+
+
+def _off_by(factor: float, shift: float):
     def broken(q, k, v, *, causal=False, scale=None):
         o, lse = exp_without_max(q, k, v, causal=causal, scale=scale)
-        return 1.01 * o, lse
+        return factor * o + shift, lse
 
-    kernel = _kernel("meta-overflow-and-off", broken)
-    problem = Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large")
-    assert not any("max subtraction" in line for line in _diagnoses(kernel, problem, ("o", "lse")))
+    return broken
+
+
+@pytest.mark.parametrize(("fn", "problem"), [
+    (_off_by(1.01, 0.0), Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large")),
+    (_off_by(1.0, 1.0), Problem(nq=1, nk=1, d=1, dv=1, dtype=torch.float16, dist="negative")),
+], ids=["small-rows-off", "one-row-off-finite"])
+def test_overflow_is_not_claimed_without_its_evidence(fn, problem: Problem):
+    """Overflowing rows and o off elsewhere too; one row of tiny logits whose o is off but finite
+    and not 0 (nothing to be right on, no mark of an overflow): not the missing max subtraction."""
+    diagnoses = _diagnoses(_kernel("meta-off", fn), problem, ("o", "lse"))
+    assert not any("max subtraction" in line for line in diagnoses), diagnoses
 
 
 def test_a_correct_kernel_is_not_diagnosed_and_arithmetic_bugs_get_no_convention():
@@ -295,11 +313,12 @@ def test_a_wrong_double_backward_gets_the_once_differentiable_hint():
 
 
 def test_a_wrong_first_derivative_is_named_before_the_second():
-    """A backward that is wrong already (dV reversed): gradgradcheck says gradcheck fails too,
-    and gives no hint about once_differentiable."""
+    """A backward that is wrong already (dV reversed): gradgradcheck's report says that gradcheck
+    fails too on its problem, and gives no hint about once_differentiable."""
     kernel = _kernel("meta-dv-flipped-f64", dv_flipped, **_F64_CAPS)
-    with _few_examples(kernel), pytest.raises(PropertyFailure) as failure:
-        test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+    check = test_gradcheck._checker("gradgradcheck", torch.autograd.gradgradcheck)
+    with pytest.raises(PropertyFailure) as failure:
+        check(kernel, Problem(nq=3, nk=3, d=2, dv=2, dtype=torch.float64))
     assert "the first derivatives are wrong too (gradcheck fails" in str(failure.value)
     assert "once_differentiable" not in str(failure.value)
 
