@@ -3,9 +3,9 @@
 ``strategies.py``, ``variant_problems.py`` and ``scale_problems.py`` draw problems;
 ``tolerance.py`` is the error budget; ``check.py`` runs a kernel and judges it (``run_kernel``,
 ``assert_close_to_golden``, ``run_property``); ``agreement.py`` compares two runs;
-``long_references.py`` the golden and yardstick at long N; ``diagnosis.py`` and ``causes.py``
-name what a failure looks like and group failures by cause; ``report.py`` keeps the
-per-property tallies; ``campaign.py`` the xdist workers, shards and stop signals;
+``long_references.py`` the golden and yardstick at long N; ``symptoms.py`` and ``diagnosis.py``
+name what a failure looks like and what explains it, ``causes.py`` groups failures by cause;
+``report.py`` keeps the per-property tallies; ``campaign.py`` the xdist workers, shards and stop signals;
 ``timebox.py`` the time box; ``known_failures.py`` the expected-failure file;
 ``compile_locks.py`` Triton's compile locks across processes; ``fixed_cases.py`` the one-call
 GPU check on fixed cases that the kernels' own scripts (``kernels/*/gpu_check.py``) run.
