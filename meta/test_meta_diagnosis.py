@@ -12,14 +12,15 @@ from collections.abc import Iterator
 import flashprop.harness.report as report
 import pytest
 import torch
-from flashprop.contract.capabilities import Capabilities
+from flashprop.contract.capabilities import Capabilities, KVCache
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
+from flashprop.harness import diagnosis
 from flashprop.harness.check import PropertyFailure, assert_close_to_golden, gradient_names, run_kernel
 from flashprop.harness.strategies import Sizes
 from flashprop.properties import test_gradcheck
 from flashprop.refimpl import attention_golden, attention_yardstick
-from flashprop.refimpl.layouts import varlen_golden
+from flashprop.refimpl.layouts import kvcache_golden, varlen_golden
 from hypothesis import Phase, settings
 
 from mutants import catalogue
@@ -66,7 +67,12 @@ def _varlen_inverse_d(q, k, v, cu_q, cu_k, max_q, max_k, *, causal=False, scale=
     return _typed(q, *varlen_golden(q, k, v, cu_q, cu_k, causal=causal, scale=scale, **variants))
 
 
-scale_inverse_d.varlen = _varlen_inverse_d
+def _kvcache_inverse_d(q, k_cache, v_cache, *, causal=False, scale=None, **keywords):
+    scale = 1 / q.shape[-1] if scale is None else scale
+    return _typed(q, *kvcache_golden(q, k_cache, v_cache, causal=causal, scale=scale, **keywords))
+
+
+scale_inverse_d.varlen, scale_inverse_d.kvcache = _varlen_inverse_d, _kvcache_inverse_d
 
 
 def lse_base2(q, k, v, *, causal=False, scale=None):
@@ -109,6 +115,26 @@ def _plain(q, k, v, visible, scale: float | None, subtract_max: bool = True):
     return _typed(q, o, (m + torch.log(l))[..., 0])
 
 
+@pytest.mark.parametrize("alignment", ["bottom-right", "top-left"])
+@pytest.mark.parametrize("window", [None, (2, 0), (1, 3)], ids=["no-window", "window-2-0", "window-1-3"])
+@pytest.mark.parametrize(("nq", "nk"), [(1, 1), (4, 6), (6, 3), (5, 5)])
+def test_the_shifted_causal_goldens_are_their_masks(alignment: str, window, nq: int, nk: int):
+    """The diagonal-excluded and one-key-ahead neighbours (built from the golden by dropping a key
+    or a query, or by a window) equal attention under their masks written out: key j visible iff
+    ``j <= i + c + shift`` and, with a window of left edge l, ``j >= i + c - l``."""
+    p = Problem(nq=nq, nk=nk, d=4, dv=3, causal=True, window=window, dtype=torch.float64)
+    q, k, v = p.inputs()
+    c = nk - nq if alignment == "bottom-right" else 0
+    left = math.inf if window is None else window[0]
+    kw = dict(causal=True, scale=None, alignment=alignment, **p.variant_kwargs())
+    shifted = {-1: diagnosis._diagonal_excluded, 1: diagnosis._one_key_ahead(p, alignment)}
+    for shift, neighbour in shifted.items():
+        o, lse = neighbour(q, k, v, **kw)
+        want_o, want_lse = _plain(q, k, v, lambda i, j, s=shift: (j <= i + c + s) & (j >= i + c - left), None)
+        assert torch.allclose(o, want_o, atol=1e-12) and torch.equal(torch.isinf(lse), torch.isinf(want_lse))
+        assert torch.allclose(lse[torch.isfinite(lse)], want_lse[torch.isfinite(want_lse)], atol=1e-12)
+
+
 def _causal(shift: int, alignment: str = "bottom-right"):
     """A causal kernel whose mask is ``j <= i + c + shift``."""
 
@@ -133,6 +159,9 @@ CASES = [
      Problem(nq=7, nk=9, d=16, dv=16, window=(3, 1), softcap=5.0), "golden with scale 1/D"),
     (scale_inverse_d, dict(varlen=True),
      Problem(b=2, nq=5, nk=6, d=16, dv=16, seqlens=((5, 6), (3, 2)), **CAUSAL), "golden with scale 1/D"),
+    (scale_inverse_d, dict(kvcache=KVCache(page_sizes=(2,), max_splits=4)),
+     Problem(b=2, nq=2, nk=8, d=16, dv=16, cache=(5, 8), page_size=2, num_splits=2, **CAUSAL),
+     "golden with scale 1/D"),
     (_causal(-1), {}, Problem(nq=5, nk=7, d=8, dv=8, **CAUSAL),
      "diagonal excluded (key j visible iff j < i + Nk"),
     (_causal(-1, "top-left"), dict(causal_alignment="top-left"), Problem(nq=7, nk=5, d=8, dv=8, **CAUSAL),
