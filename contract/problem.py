@@ -222,7 +222,8 @@ class Problem:
 
     def variant_kwargs(self, requires_grad: bool = False) -> dict[str, Any]:
         """The variant keywords of the call: ``window_size``, ``softcap``, ``alibi_slopes`` and
-        ``sinks`` (float32, float64 for float64 problems), only those in use."""
+        ``sinks`` (float32 whatever the problem's dtype, as ``docs/variants.md`` fixes them), only
+        those in use."""
         kw: dict[str, Any] = {}
         if self.window is not None:
             kw["window_size"] = tuple(self.window)
@@ -235,7 +236,7 @@ class Problem:
             kw["alibi_slopes"] = (top * (0.25 + 0.75 * torch.rand(dims, generator=g))).to(self.device)
         if self.sinks is not None:
             centre, spread = SINKS[self.sinks]
-            z = centre + spread * torch.randn(self.hq, generator=g, dtype=self.gen_dtype)
+            z = centre + spread * torch.randn(self.hq, generator=g, dtype=torch.float32)
             kw["sinks"] = z.to(self.device).requires_grad_(requires_grad)
         return kw
 

@@ -7,7 +7,7 @@ of index tensors read their values on the host (a device synchronisation, once p
 
 What an entry point calls before its kernel runs, one line per concern:
 
-    check_variants(batch, heads, dtype, device, window_size=..., softcap=..., alibi_slopes=...,
+    check_variants(batch, heads, device, window_size=..., softcap=..., alibi_slopes=...,
                    sinks=...)                       -> Variants (every entry point)
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
                                                     -> the number of sequences (varlen)
@@ -100,15 +100,13 @@ def check_alibi(alibi_slopes: object, batch: int, heads: int, device: torch.devi
     return alibi_slopes
 
 
-def check_sinks(sinks: object, heads: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``sinks``: one logit per query head, a tensor of shape ``(heads,)`` on ``device``, float32
-    (float32 or float64 when the inputs' ``dtype`` is float64)."""
-    allowed = {torch.float32, torch.float64} if dtype == torch.float64 else {torch.float32}
-    if not isinstance(sinks, torch.Tensor) or sinks.dtype not in allowed:
-        raise TypeError(
-            "sinks must be a float32 tensor (or float64 with float64 inputs), "
-            f"got {getattr(sinks, 'dtype', type(sinks).__name__)}"
-        )
+def check_sinks(sinks: object, heads: int, device: torch.device) -> torch.Tensor:
+    """``sinks``: one logit per query head, a float32 tensor of shape ``(heads,)`` on ``device``,
+    whatever the inputs' dtype (``docs/variants.md``: a float64 problem's sinks are float32 too)."""
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks must be a float32 tensor, got {type(sinks).__name__}")
+    if sinks.dtype != torch.float32:
+        raise TypeError(f"sinks must be float32 whatever the inputs' dtype, got {sinks.dtype}")
     if tuple(sinks.shape) != (heads,):
         raise ValueError(f"sinks must have shape (Hq,) = ({heads},), got {tuple(sinks.shape)}")
     if sinks.device != device:
@@ -124,7 +122,7 @@ class Variants:
         window: ``(left, right)`` (-1: that side unbounded), or ``None``: no window.
         softcap: the cap t of ``s -> t * tanh(s / t)``; 0 is off.
         alibi_slopes: float32 slopes of shape (Hq,) or (B, Hq), or ``None``.
-        sinks: the sink logits (Hq,), or ``None``.
+        sinks: the float32 sink logits (Hq,), or ``None``.
     """
 
     window: tuple[int, int] | None = None
@@ -136,7 +134,6 @@ class Variants:
 def check_variants(
     batch: int,
     heads: int,
-    dtype: torch.dtype,
     device: torch.device,
     *,
     window_size: object = None,
@@ -145,12 +142,13 @@ def check_variants(
     sinks: object = None,
 ) -> Variants:
     """The variant keywords of a call with ``batch`` sequences (batch elements) and ``heads`` query
-    heads of inputs in ``dtype`` on ``device``, checked (``None`` and 0 mean off)."""
+    heads of inputs on ``device``, checked (``None`` and 0 mean off). ALiBi slopes and sinks are
+    float32 whatever the inputs' dtype."""
     return Variants(
         window=None if window_size is None else check_window(window_size),
         softcap=check_softcap(softcap),
         alibi_slopes=None if alibi_slopes is None else check_alibi(alibi_slopes, batch, heads, device),
-        sinks=None if sinks is None else check_sinks(sinks, heads, dtype, device),
+        sinks=None if sinks is None else check_sinks(sinks, heads, device),
     )
 
 

@@ -338,6 +338,15 @@ def _sinks_wrong_shape(inp: KernelInputs) -> None:
     inp.kwargs["sinks"] = torch.cat([z, z[:1]])
 
 
+def _sinks_as(dtype: torch.dtype) -> Callable[[KernelInputs], None]:
+    """Sinks in ``dtype``: the contract's are float32 whatever the inputs' dtype."""
+
+    def corrupt(inp: KernelInputs) -> None:
+        inp.kwargs["sinks"] = inp.kwargs["sinks"].detach().to(dtype)
+
+    return corrupt
+
+
 #: name -> (the variant whose inputs it breaks, the corruption, applied in place).
 MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
     "cu_seqlens not monotone": ("varlen", _cu_not_monotone),
@@ -355,6 +364,8 @@ MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
     "window_size below -1": ("window", _window_below),
     "softcap negative": ("softcap", _softcap_negative),
     "sinks of the wrong length": ("sinks", _sinks_wrong_shape),
+    "sinks float16": ("sinks", _sinks_as(torch.float16)),
+    "sinks float64": ("sinks", _sinks_as(torch.float64)),
 }
 
 

@@ -217,7 +217,7 @@ def _dense(
     """The dense entry point's work, after the device checks."""
     b, hq, nq, _ = q.shape
     var = check_variants(
-        b, hq, q.dtype, q.device, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes
+        b, hq, q.device, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes
     )
     nk, device = k.shape[2], str(q.device)
     slope = None
@@ -311,7 +311,7 @@ def _varlen(
     """The varlen entry point's work, after the device checks."""
     n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     var = check_variants(
-        n_seq, q.shape[1], q.dtype, q.device, window_size=window_size, softcap=softcap,
+        n_seq, q.shape[1], q.device, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes,
     )
     device = str(q.device)

@@ -155,7 +155,7 @@ def _dense_call(
     if window_size is None and alibi_slopes is None:
         return _plain_call(q, k, v, causal=causal, scale=scale)
     b, hq = q.shape[:2]
-    var = check_variants(b, hq, q.dtype, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     rows, cols = _positions(q.shape[2], 2, q.device), _positions(k.shape[2], 3, q.device)
     mask = _attn_mask(rows, cols, causal=causal, window=var.window, slopes=slopes, keep=None, dtype=q.dtype)
@@ -187,7 +187,7 @@ def _varlen_call(
     """Packed (T, H, D) inputs as one batch element (1, H, T, D) with a block-diagonal mask."""
     n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     tq, hq = q.shape[:2]
-    var = check_variants(n_seq, hq, q.dtype, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    var = check_variants(n_seq, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     seq_q, pos_q = _sequence_positions(cu_seqlens_q, tq)
     seq_k, pos_k = _sequence_positions(cu_seqlens_k, k.shape[0])
     slopes = var.alibi_slopes
@@ -230,7 +230,7 @@ def _kvcache_call(
     """Decode inputs (B, Nq, H, D) against the gathered cache, keys past each length masked."""
     check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits=1)
     b, nq, hq, _ = q.shape
-    var = check_variants(b, hq, q.dtype, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     length = int(cache_seqlens.max()) if b else 0
     inside = torch.arange(length, device=q.device) < cache_seqlens[:, None]  # (B, length)

@@ -351,7 +351,7 @@ def _variants(
     (``(-1, -1)``: none), the softcap and the ALiBi slopes as (batch, Hq) in the accumulator dtype
     (``None``: no ALiBi)."""
     var = check_variants(
-        batch, hq, q.dtype, q.device, window_size=window_size, softcap=softcap,
+        batch, hq, q.device, window_size=window_size, softcap=softcap,
         alibi_slopes=alibi_slopes, sinks=sinks,
     )
     slopes = None if var.alibi_slopes is None else var.alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
