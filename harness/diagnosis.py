@@ -400,6 +400,8 @@ def diagnose_gradients(p: Problem, results: Sequence[Comparison], actual: Mappin
         hint = GRADIENT_HINTS.get(frozenset(bad))
         found.append(f"{_listed(bad)} {verb[len(bad) > 1]} not match the golden: {_listed(good)} "
                      f"{verb[len(good) > 1]}, and so does the forward" + (f"; {hint}" if hint else ""))
+    zero: list[str] = []  # the gradients that are 0 where the golden's are not
+    factors: list[tuple[list[str], float]] = []  # gradients that are c x the golden's, by c
     for r in grads:
         a, g = actual.get(r.name), golden[r.name]
         if r.ok or r.reason or a is None:
@@ -409,7 +411,18 @@ def diagnose_gradients(p: Problem, results: Sequence[Comparison], actual: Mappin
         if norm == 0:
             continue
         c = float((a * g).sum()) / norm
-        if not math.isclose(c, 1.0, rel_tol=1e-3) and _within(a, c * g, r.budget):
-            found.append(f"{r.name} is the golden's times a constant: {r.name} = {c:.4g} x the golden's"
-                         + _factor(c, p.effective_scale, p.hq // p.hkv))
+        if not a.count_nonzero():
+            zero.append(r.name)
+        elif not math.isclose(c, 1.0, rel_tol=1e-3) and _within(a, c * g, r.budget):
+            same = next((names for names, f in factors if math.isclose(f, c, rel_tol=1e-3)), None)
+            if same is None:
+                factors.append(([r.name], c))
+            else:
+                same.append(r.name)
+    if zero:
+        found.append(f"{_listed(zero)} {('is', 'are')[len(zero) > 1]} zero where the golden's is not: never "
+                     "accumulated or never stored (a loop that skips its tiles, an output not written back)")
+    for names, c in factors:
+        found.append(f"{_listed(names)} {('is', 'are')[len(names) > 1]} the golden's times a constant: "
+                     f"{c:.4g} x the golden's" + _factor(c, p.effective_scale, p.hq // p.hkv))
     return [PREFIX + line for line in found]

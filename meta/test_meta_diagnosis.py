@@ -264,10 +264,13 @@ def dv_flipped(q, k, v, *, causal=False, scale=None):
     (_kernel("meta-dv-flipped", dv_flipped), Problem(hq=2, nq=5, nk=6, d=8, dv=8),
      ["dv does not match the golden: dq and dk do, and so does the forward; dV = P^T dO"]),
     (_mutant("blocked_dk_scale_twice"), Problem(nq=5, nk=6, d=8, dv=8, scale=0.5, block_m=3, block_n=3),
-     ["dk does not match the golden: dq and dv do", "dk = 0.5 x the golden's (= the scale: a factor"]),
+     ["dk does not match the golden: dq and dv do",
+      "dk is the golden's times a constant: 0.5 x the golden's (= the scale: a factor"]),
+    (_mutant("blocked_bwd_skips_key_tail"), Problem(nq=3, nk=2, d=8, dv=8, block_m=3, block_n=3),
+     ["dq, dk and dv are zero where the golden's is not: never accumulated"]),
     (_mutant("blocked_dsinks_sign"), Problem(nq=4, nk=5, d=8, dv=8, sinks="mixed", block_m=3),
      ["dsinks does not match the golden: dq, dk and dv do", "(= -1: the sign is wrong)"]),
-], ids=["dv-flipped", "dk-scale-twice", "dsinks-sign"])
+], ids=["dv-flipped", "dk-scale-twice", "key-tail-skipped", "dsinks-sign"])
 def test_one_wrong_gradient_is_named_while_the_others_match(planted: Kernel, problem: Problem,
                                                             expected: list[str]):
     diagnoses = _diagnoses(planted, problem, ("o", "lse", *gradient_names(problem)))
