@@ -2,7 +2,7 @@
 
     flashprop fuzz KERNEL [KERNEL ...] [--max-examples N] [--time 10m] [--device cpu|cuda]
                    [-n WORKERS] [--json FILE] [--junit-xml FILE] [--example-db DIR|URL]
-                   [--properties P ...] [--tracebacks | --tracebacks-file FILE]
+                   [--properties P ...] [--tracebacks | --tracebacks-file FILE] [--all-skips]
     flashprop kernels                   the registered kernels and what each declares
     flashprop replay KERNEL PROPERTY:Problem(...)   one property on one problem (failures print it)
     flashprop bench [--bench-kernels K,...] [--bench-subset NAME] [--device cpu|cuda]
@@ -12,7 +12,8 @@
 ``fuzz`` is the main job: every applicable property on the kernel (a registered name,
 ``module:attr`` or ``path/to/file.py:attr``) with the ``fuzz`` Hypothesis profile; the output
 ends with the per-property table and each failure's cause once, shrunk, with its repro (pytest's
-tracebacks go to a file); exit status 1 on any failure. It runs pytest on the installed property
+tracebacks go to a file, :func:`tracebacks_file`; ``--all-skips`` lists each test that drew
+nothing, with its reason); exit status 1 on any failure. It runs pytest on the installed property
 modules (``flashprop.properties``). ``bench`` times kernels on the benchmark grid
 (``flashprop.benchmarks``, pytest-benchmark) and prints the table; ``gate`` compares a bench
 run's anchor ratios with a baseline, exit 1 on a regression. Arguments ``fuzz`` and ``bench``
@@ -118,8 +119,7 @@ def fuzz(ns: argparse.Namespace) -> int:
     args = ["--pyargs", *targets, "-q", "-m", "not meta", "--hypothesis-profile", "fuzz", "-W",
             "ignore::RuntimeWarning"]
     if not ns.tracebacks:  # the table and the failures by cause are the report; tracebacks to a file
-        args += ["--tracebacks-file", ns.tracebacks_file or os.path.join(
-            tempfile.gettempdir(), f"flashprop-tracebacks-{os.getpid()}.txt")]
+        args += ["--tracebacks-file", tracebacks_file(ns)]
     for kernel in ns.kernel:
         args += ["--kernel", kernel]
     for option, value in (("--max-examples", ns.max_examples), ("--device", ns.device),
@@ -128,6 +128,21 @@ def fuzz(ns: argparse.Namespace) -> int:
         if value is not None:
             args += [option, str(value)]
     return _pytest([*args, *ns.pytest_args])
+
+
+#: ``fuzz``'s tracebacks file: in the folder of its --json or --junit-xml file, else in
+#: ``.flashprop/`` of the working folder; one name, so each run replaces the last one's.
+TRACEBACKS = "flashprop-tracebacks.txt"
+
+
+def tracebacks_file(ns: argparse.Namespace) -> str:
+    """Where ``fuzz`` writes pytest's tracebacks: --tracebacks-file, else :data:`TRACEBACKS` next
+    to the run's --json (or --junit-xml) file, else in ``.flashprop/`` here (a run without
+    failures removes it)."""
+    if ns.tracebacks_file:
+        return ns.tracebacks_file
+    beside = ns.json or ns.junit_xml
+    return str(Path(beside).parent / TRACEBACKS if beside else Path(".flashprop") / TRACEBACKS)
 
 
 def replay(ns: argparse.Namespace) -> int:
@@ -231,7 +246,9 @@ def parser() -> argparse.ArgumentParser:
                    help="show pytest's tracebacks of the failed tests (by default they go to a file, named "
                    "at the end, and the output ends with the table and the failures by cause)")
     f.add_argument("--tracebacks-file", metavar="FILE",
-                   help="the tracebacks' file (default: flashprop-tracebacks-PID.txt in the temp folder)")
+                   help=f"the tracebacks' file (default: {TRACEBACKS} in the folder of --json or "
+                   "--junit-xml, else in .flashprop/ here; replaced by each run, removed by one without "
+                   "failures)")
     f.set_defaults(run=fuzz)
     k = sub.add_parser("kernels", help="the registered kernels and what each declares",
                        description=kernels.__doc__)

@@ -25,12 +25,20 @@ Options:
                                               ``harness.timebox.Shrinking``)
     --tracebacks-file PATH                    the failed tests' full tracebacks go there, not
                                               to the terminal (``flashprop fuzz`` does this)
+    --all-skips                               list each test skipped before drawing with its
+                                              reason (default: one line per kernel and reason)
 
 Long runs print a progress line now and then; SIGTERM (a CI timeout) stops the run like SIGINT,
 with the table. The summary comes last, after pytest's own: the table (with each property's
 examples asked, and why a test drew none: its skip reason), then each failure's cause once with
 the properties it took down (``harness/causes.py``); with ``$GITHUB_STEP_SUMMARY`` set, the same
 is appended there as markdown.
+
+JUnit XML (``--junitxml``): each kernel test is a testcase, whose properties are the examples of
+the property it ran (``kernel``, ``property``, ``examples``, ``passed``, ``refused``, ``failed``,
+``asked``; ``time_box`` when its share of the time box was spent: it passed with the examples it
+ran); a failed property's failure text is flashprop's report (the shrunk problem, its repro, its
+replay command), not pytest's traceback, which the terminal and the tracebacks file keep.
 
 Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count; the
 workers' tallies are merged into the one summary table; a worker that dies (segfault, lost CUDA
@@ -53,6 +61,7 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
@@ -127,7 +136,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="PATH",
         help="write the full tracebacks of failed tests to PATH instead of the terminal (which "
-        "then ends with the table and the failures by cause)",
+        "then ends with the table and the failures by cause); a run without failures removes it",
+    )
+    group.addoption(
+        "--all-skips",
+        action="store_true",
+        help="list each test skipped before drawing with its reason (default: one line per kernel "
+        "and reason)",
     )
     group.addoption(
         "--known-failures",
@@ -240,6 +255,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from flashprop.harness.campaign import configure_worker
 
         configure_worker(worker, _device(config))
+    elif getattr(config.option, "xmlpath", None):  # pytest writes JUnit XML here (not on a worker)
+        config.pluginmanager.register(JUnitReports(), "flashprop-junit")
 
 
 def _check_kernel_specs(config: pytest.Config) -> None:
@@ -443,7 +460,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
-    """A kernel test's skip reason goes into the tallies, on its row of the table."""
+    """A kernel test's skip reason goes into the tallies, on its row of the table; after its
+    call, its examples go into its JUnit properties (:func:`_note_examples`)."""
     report = yield
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if "kernel" in params:
@@ -453,7 +471,68 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             tallies.start_item()
         if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
             tallies.note_skip(params["kernel"], _label(item), report.longrepr[2].removeprefix("Skipped: "))
+        if call.when == "call":
+            _note_examples(item, call, report, params["kernel"])
     return report
+
+
+def _note_examples(item: pytest.Item, call: pytest.CallInfo, report: pytest.TestReport, kernel: str) -> None:
+    """The examples of the property the test ran, as its JUnit properties (pytest's JUnit XML
+    reads them from the teardown report, made after this); a failed property's flashprop report
+    on the report, as ``flashprop_failure`` (it travels from an xdist worker with the report; see
+    :class:`JUnitReports`)."""
+    from flashprop.harness import report as tallies
+    from flashprop.harness.check import PropertyFailure
+
+    prop, own = tallies.running_item()
+    if prop is None:
+        return
+    item.user_properties += [("kernel", kernel), ("property", prop), ("examples", own.run),
+                             ("passed", own.passed), ("refused", own.refused), ("failed", own.failed),
+                             ("asked", own.asked)]
+    if own.cut:
+        item.user_properties.append(("time_box", f"its share was spent after {own.run} examples, all passed"))
+    if report.failed:
+        error = call.excinfo.value if call.excinfo else None
+        found = [e for e in getattr(error, "exceptions", [error]) if isinstance(e, PropertyFailure)]
+        text = "\n\n".join(map(str, found)) or own.last_failure
+        if text:
+            report.flashprop_failure = text
+
+
+class JUnitReports:
+    """Where pytest writes JUnit XML (``--junitxml``: the main process, not an xdist worker): a
+    failed property test's testcase carries flashprop's report (the shrunk problem, its repro,
+    its replay command) instead of pytest's traceback, which the terminal and the tracebacks file
+    keep (:class:`PropertyReport`)."""
+
+    @pytest.hookimpl(tryfirst=True)  # before pytest's junitxml plugin reads the report
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        text = getattr(report, "flashprop_failure", None)
+        if text and report.failed and not isinstance(report.longrepr, PropertyReport):
+            report.longrepr = PropertyReport(report.longrepr, text)
+
+
+class PropertyReport:
+    """A failed property test's ``longrepr`` as :class:`JUnitReports` sets it: as a string (what
+    JUnit XML writes) flashprop's report, and its first line as ``reprcrash.message`` (JUnit's
+    message, pytest's FAILED line); on the terminal (``toterminal``: ``--tb``, the tracebacks
+    file) pytest's own report."""
+
+    def __init__(self, pytest_repr: object, text: str) -> None:
+        self.pytest_repr, self.text = pytest_repr, text
+        crash = getattr(pytest_repr, "reprcrash", None)
+        self.reprcrash = SimpleNamespace(path=getattr(crash, "path", ""), lineno=getattr(crash, "lineno", 0),
+                                         message=text.splitlines()[0])
+
+    def toterminal(self, tw) -> None:
+        if hasattr(self.pytest_repr, "toterminal"):
+            self.pytest_repr.toterminal(tw)
+        else:
+            tw.line(str(self.pytest_repr))
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def _label(item: pytest.Item) -> str:
@@ -466,10 +545,15 @@ def _label(item: pytest.Item) -> str:
 
 
 def _write_tracebacks(terminalreporter, path: str) -> int:
-    """Write the failed tests' full reports (traceback, captured output) to ``path``; how many."""
+    """Write the failed tests' full reports (traceback, captured output) to ``path`` (its folder
+    made if need be); how many. Without failures, ``path`` is removed: what is there is an
+    earlier run's."""
     failed = [r for key in ("failed", "error") for r in terminalreporter.stats.get(key, [])
               if getattr(r, "longreprtext", "")]
-    if failed:
+    if not failed:
+        Path(path).unlink(missing_ok=True)
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         with open(path, "w") as f:
             for r in failed:
                 f.write(f"{'=' * 20} {r.nodeid} ({r.when})\n{r.longreprtext}\n")
@@ -481,13 +565,20 @@ def _write_tracebacks(terminalreporter, path: str) -> int:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """After pytest's summary, so that it comes last: the table, each failure's cause once, the
-    time box's line, where the full tracebacks went; the same as markdown in
-    ``$GITHUB_STEP_SUMMARY`` when that is set (a GitHub Actions job's summary page)."""
+    """After pytest's summary, so that it comes last: the table (the tests that drew nothing one
+    line per reason, unless --all-skips), each failure's cause once, then the time box's line and
+    where the full tracebacks went; the same as markdown in ``$GITHUB_STEP_SUMMARY`` when that is
+    set (a GitHub Actions job's summary page). With --tracebacks-file pytest shows no tracebacks,
+    and no FAILED line per test when every failed test's report is among the causes (which say
+    more: the shrunk problem, the repro, the replay command)."""
     path = config.getoption("--tracebacks-file")
-    written = path and _write_tracebacks(terminalreporter, path)
+    worker = getattr(config, "workerinput", None) is not None
+    written = path and not worker and _write_tracebacks(terminalreporter, path)
     if path:
         config.option.tbstyle = "no"  # pytest's summary leaves out the tracebacks now in the file
+        failed = terminalreporter.stats.get("failed", [])
+        if failed and all(getattr(r, "flashprop_failure", None) for r in failed):
+            terminalreporter.reportchars = terminalreporter.reportchars.replace("f", "")
     result = yield
     from flashprop.harness import compile_locks, report, timebox
     from flashprop.harness.campaign import stopped_line
@@ -500,20 +591,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"flashprop: known failure {entry.node_id} ({entry.where}) matched no collected test"
         )
-    lines = report.summary_lines()
+    lines = report.summary_lines(config.getoption("--all-skips"))
     if lines:
         terminalreporter.section("flashprop: examples per property")
         for line in lines:
             terminalreporter.write_line(line)
-        if timebox.summary():
-            terminalreporter.write_line(f"flashprop: {timebox.summary()}")
-        if stopped_line():
-            terminalreporter.write_line(f"flashprop: {stopped_line()}")
     failures = report.failure_lines()
     if failures:
         terminalreporter.section("flashprop: failures by cause (the smallest problem of each, shrunk)")
         for line in failures[:-1]:
             terminalreporter.write_line(line)
+    if lines and timebox.summary():
+        terminalreporter.write_line(f"flashprop: {timebox.summary()}")
+    if lines and stopped_line():
+        terminalreporter.write_line(f"flashprop: {stopped_line()}")
     if written:
         terminalreporter.write_line(f"flashprop: the tracebacks of the {written} failed tests are in {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

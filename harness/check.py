@@ -25,7 +25,16 @@ from flashprop.contract.registry import Kernel
 from flashprop.harness import campaign, timebox
 from flashprop.harness.campaign import current_shard, database_key, end_worker, stop_if_asked
 from flashprop.harness.diagnosis import diagnose, diagnose_gradients
-from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, TALLIES, begin, expect, noting, record
+from flashprop.harness.report import (
+    REPLAY_HEADER,
+    REPRO_HEADER,
+    TALLIES,
+    begin,
+    expect,
+    note_time_box,
+    noting,
+    record,
+)
 from flashprop.harness.strategies import DRAWN
 from flashprop.harness.symptoms import symptom
 from flashprop.harness.tolerance import Comparison, compare
@@ -39,7 +48,7 @@ from flashprop.refimpl.layouts import (
 )
 from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
 REFERENCES = {
@@ -60,6 +69,12 @@ class PropertyFailure(AssertionError):
 
 class KernelRefused(Exception):
     """The kernel raised a clear error (ValueError, TypeError, NotImplementedError)."""
+
+
+class TimeBoxSpent(pytest.skip.Exception):
+    """A property's share of the time box is spent (raised at its next example). A skip to
+    Hypothesis, which stops at once (in its explicit phase too, unshrunk); :func:`run_property`
+    ends the property there, a pass with the examples it ran, or a skip if it ran none."""
 
 
 #: Kernels that broke the CUDA context: name -> the failure report of the problem that did it.
@@ -372,6 +387,8 @@ def run_property(
     if Phase.explicit not in base.phases:
         explicit = ()
 
+    ran_before = TALLIES[(kernel.name, prop)].run  # this call's examples: those after
+    errors: list[BaseException] = []  # check raised, not a failure: Hypothesis shrinks it, uncut
     slot = timebox.share()
     expect(kernel.name, prop, n + len(explicit))
 
@@ -381,19 +398,29 @@ def run_property(
                         pytrace=False)
         tally = TALLIES[(kernel.name, prop)]
         stop_if_asked(tally.run)
-        if slot is not None and time.monotonic() > slot[0] and not tally.failed:
+        if slot is not None and time.monotonic() > slot[0] and not tally.failed and not errors:
             timebox.note_cut()  # a property that found a failure shrinks it whatever the time
-            pytest.skip(f"time box: {prop}'s share ({slot[1]:.0f} s) was spent after {tally.run} "
-                        "examples (they are in the table)")
+            raise TimeBoxSpent(f"{prop}'s share ({slot[1]:.0f} s) was spent after "
+                               f"{tally.run - ran_before} examples")
         if noting():
             begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
         start = time.perf_counter()
         try:
-            outcome = check(kernel, problem) or "passed"
+            outcome = judged(kernel, problem) or "passed"
         except PropertyFailure as err:
             record(kernel.name, prop, "failed", time.perf_counter() - start, str(err))
             raise
         record(kernel.name, prop, outcome, time.perf_counter() - start)
+
+    def judged(kernel: Kernel, problem: Problem) -> str | None:
+        """``check``, noting an exception that is not a failure, a rejection or a skip."""
+        try:
+            return check(kernel, problem)
+        except (PropertyFailure, UnsatisfiedAssumption, pytest.skip.Exception):
+            raise
+        except BaseException as err:
+            errors.append(err)
+            raise
 
     for problem in reversed(explicit):
         examples = example(problem)(examples)
@@ -403,6 +430,10 @@ def run_property(
         # Hypothesis keys the database by the test function's source, one for every property here
         test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
         test()
+    except TimeBoxSpent:
+        if TALLIES[(kernel.name, prop)].run == ran_before:
+            pytest.skip("time box: its share was spent before its first example")
+        note_time_box(kernel.name, prop)  # a pass: every example it ran passed
     except Unsatisfiable:
         undeclared = DRAWN.nothing_declared()
         if undeclared is None:  # the property's own conditions draw nothing: its defect

@@ -1,6 +1,11 @@
 """Per-property bookkeeping for the fuzz summary: examples run, passed, refused, failed; what
-each property was asked to run; why a test drew nothing (its skip reason); the failures, grouped
-by cause (:mod:`harness.causes`), as text and as markdown (a CI job's summary page)."""
+each property was asked to run; whether a time box stopped it; why a test drew nothing (its skip
+reason); the failures, grouped by cause (:mod:`harness.causes`), as text and as markdown (a CI
+job's summary page).
+
+The text table fits :data:`WIDTH` columns (a note too long for its row wraps below it) and folds
+the tests that drew nothing into one line per kernel and reason (``--all-skips``: a row each).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import html
 import json
 import os
 import sys
+import textwrap
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -25,13 +31,19 @@ REPLAY_HEADER = "replay this property on this problem alone:"
 REPRO_HEADER = "repro (a Python script; run it from the folder this run started in):"
 #: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
+#: The widest line of the text table: a note that does not fit beside its row wraps under it (a
+#: kernel spec and property name wider than this alone push the row past it).
+WIDTH = 100
+#: The narrowest room beside a row that a note wraps in; with less, it goes on the lines below.
+NOTE_ROOM = 24
 
 
 @dataclass
 class Tally:
     """One property on one kernel: examples by outcome, their seconds, the examples it was asked
-    for (``max_examples`` times its weight, summed over processes), its last failure report and
-    the reasons it was skipped (a test skipped before drawing has a tally with only those)."""
+    for (``max_examples`` times its weight, summed over processes), its last failure report, the
+    reasons it was skipped (a test skipped before drawing has a tally with only those) and how
+    many times a time box stopped it (a pass: the examples it ran before its share was spent)."""
 
     passed: int = 0
     refused: int = 0
@@ -40,6 +52,7 @@ class Tally:
     last_failure: str | None = None
     skipped: list[str] = field(default_factory=list)
     asked: int = 0
+    cut: int = 0
 
     @property
     def run(self) -> int:
@@ -54,8 +67,9 @@ AUTOSAVE_SECONDS = 10.0
 _autosave = {"path": None, "at": 0.0}
 #: Examples and failures recorded in this process (for the progress lines).
 _totals = {"examples": 0, "failed": 0}
-#: The property the running test recorded examples of (its skip is noted there).
-_item: dict[str, str | None] = {"prop": None}
+#: The running test: the property it recorded examples of (its skip is noted there) and its own
+#: share of that property's tally (a sharded or repeated property has several tests).
+_item: dict = {"prop": None, "tally": Tally()}
 
 
 def autosave(path: str) -> None:
@@ -67,11 +81,12 @@ def autosave(path: str) -> None:
 def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | None = None) -> None:
     """Count one example of ``prop`` on ``kernel`` (``failure``: its report)."""
     tally = TALLIES[(kernel, prop)]
-    setattr(tally, outcome, getattr(tally, outcome) + 1)
-    tally.seconds += seconds
+    for counted in (tally, _item["tally"]):
+        setattr(counted, outcome, getattr(counted, outcome) + 1)
+        counted.seconds += seconds
+        if failure is not None:
+            counted.last_failure = failure
     _item["prop"] = prop
-    if failure is not None:
-        tally.last_failure = failure
     # saved at a property's first failure (not at each of its shrinking steps), else now and then
     first_failure = outcome == "failed" and tally.failed == 1
     now = time.monotonic()
@@ -87,7 +102,14 @@ def expect(kernel: str, prop: str, examples: int) -> None:
     """Note that ``prop`` on ``kernel`` is asked for ``examples`` examples (the profile's or
     ``--max-examples``'s number times the property's weight)."""
     TALLIES[(kernel, prop)].asked += examples
+    _item["tally"].asked += examples
     _item["prop"] = prop
+
+
+def note_time_box(kernel: str, prop: str) -> None:
+    """Note that the time box stopped ``prop`` on ``kernel`` when its share was spent."""
+    TALLIES[(kernel, prop)].cut += 1
+    _item["tally"].cut += 1
 
 
 def forget(kernel: str) -> None:
@@ -97,24 +119,39 @@ def forget(kernel: str) -> None:
 
 
 def start_item() -> None:
-    """A test starts: a skip noted from now on belongs to the property it records, if any."""
-    _item["prop"] = None
+    """A test starts: a skip noted from now on belongs to the property it records, if any; its
+    own counts start at 0."""
+    _item.update(prop=None, tally=Tally())
+
+
+def running_item() -> tuple[str | None, Tally]:
+    """The running test's property (``None``: it recorded none) and its own share of its tally."""
+    return _item["prop"], _item["tally"]
 
 
 def note_skip(kernel: str, label: str, reason: str) -> None:
-    """Note why the running test on ``kernel`` was skipped: on the property it recorded (a time
-    box cut it), else on ``label`` (the test's name: it skipped before drawing)."""
-    TALLIES[(kernel, _item["prop"] or label)].skipped.append(reason)
+    """Note why the running test on ``kernel`` was skipped: on the property it recorded (it had
+    begun), else on ``label`` (the test's name: it skipped before drawing). Only the reason's
+    first line: what Hypothesis appends to an exception (its examples) stays out of the table."""
+    first = reason.strip().splitlines()[0] if reason.strip() else "(no reason given)"
+    TALLIES[(kernel, _item["prop"] or label)].skipped.append(first)
 
 
 def _note(tally: Tally, numbers: dict[tuple[str, str], int], key: tuple[str, str]) -> str:
     if key in numbers:
-        return f"failed: cause [{numbers[key]}]"
+        return f"cause [{numbers[key]}]"
+    notes = [f"time-boxed{f' ({tally.cut})' * (tally.cut > 1)}"] if tally.cut else []  # shares spent
     reasons = list(dict.fromkeys(tally.skipped))
-    if not reasons:
-        return ""
-    more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
-    return ("" if tally.run else "skipped: ") + reasons[0] + more
+    if reasons:
+        more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+        notes.append(("" if tally.run else "skipped: ") + reasons[0] + more)
+    return "; ".join(notes)
+
+
+def _drew_nothing(tally: Tally) -> bool:
+    """A test skipped before its first example (it needs what the kernel does not declare, or the
+    time box left it none): folded into one line per reason unless ``--all-skips``."""
+    return tally.run == 0 and bool(tally.skipped)
 
 
 def _ordered() -> list[tuple[tuple[str, str], Tally]]:
@@ -132,9 +169,18 @@ def _skipped_alike(kernel: str) -> tuple[int, str] | None:
     return len(tallies), reasons.pop()
 
 
+def _rate(tally: Tally) -> str:
+    """Examples per second: whole numbers from 100 on, else one decimal."""
+    if tally.seconds <= 0:
+        return "-"
+    rate = tally.run / tally.seconds
+    return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}"
+
+
 def table_rows() -> list[tuple[str, ...]]:
-    """The table's rows as strings, one per tally (:data:`COLUMNS`); a kernel whose tests were
-    all skipped for one reason gets one row."""
+    """The table's rows as strings (:data:`COLUMNS`): one per tally that ran examples (or was
+    asked for some and ran none); a kernel whose tests were all skipped for one reason gets one
+    row; the tests that drew nothing are not rows (:func:`skipped_before_drawing`)."""
     numbers = {(g.kernel, prop): i for i, g in enumerate(failure_groups(), 1) for prop in g.properties}
     alike = {kernel: found for kernel, _ in TALLIES if (found := _skipped_alike(kernel))}
     out: list[tuple[str, ...]] = []
@@ -144,21 +190,90 @@ def table_rows() -> list[tuple[str, ...]]:
             row = (key[0], f"(all-{tests}-tests)", *("-",) * 6, f"skipped: {reason}")
             out += [] if row in out else [row]
             continue
-        rate = f"{t.run / t.seconds:.1f}" if t.seconds > 0 else "-"
-        counts = (str(t.run), str(t.passed), str(t.refused), str(t.failed), rate) if t.run else ("-",) * 5
+        if _drew_nothing(t):
+            continue
+        counts = (str(t.run), str(t.passed), str(t.refused), str(t.failed), _rate(t)) if t.run else ("-",) * 5
         out.append((*key, *counts, str(t.asked) if t.asked else "-", _note(t, numbers, key)))
     return out
 
 
-def summary_lines() -> list[str]:
+def skipped_before_drawing() -> list[tuple[str, str, list[str]]]:
+    """``(kernel, reason, tests)`` for the tests that drew no example, one per kernel and reason
+    (a kernel's most common reason first); a kernel whose tests were all skipped for one reason
+    is a row of the table instead."""
+    alike = {kernel for kernel, _ in TALLIES if _skipped_alike(kernel)}
+    found: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for (kernel, prop), t in sorted(TALLIES.items()):
+        if kernel not in alike and _drew_nothing(t):
+            found[(kernel, t.skipped[0])].append(prop)
+    return [(kernel, reason, tests) for (kernel, reason), tests in
+            sorted(found.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1]))]
+
+
+def _reason(kernel: str, reason: str) -> str:
+    """A skip reason on a line that names its kernel already: without "kernel NAME " in front."""
+    return reason.removeprefix(f"kernel {kernel} ")
+
+
+#: How the properties say that a kernel does not declare what a test needs ("kernel NAME does not
+#: declare variant 'window'"): the text's lines join these reasons into one.
+UNDECLARED = "does not declare "
+
+
+def _skip_lines(folded: list[tuple[str, str, list[str]]], all_skips: bool) -> list[str]:
+    """:func:`skipped_before_drawing` as text, wrapped: per kernel, one line for the tests that
+    need what it does not declare (what, and how many tests each), then one per other reason;
+    ``all_skips``: a line per test and its reason."""
+    if all_skips:
+        return [line for kernel, reason, names in folded for name in names
+                for line in textwrap.wrap(f"{kernel}  {name}: {_reason(kernel, reason)}", WIDTH,
+                                          initial_indent="  ", subsequent_indent="      ")]
+    lines: list[str] = []
+    for kernel in dict.fromkeys(kernel for kernel, _, _ in folded):
+        mine = [(_reason(kernel, reason), len(names)) for k, reason, names in folded if k == kernel]
+        undeclared = [(r.removeprefix(UNDECLARED), n) for r, n in mine if r.startswith(UNDECLARED)]
+        what = ", ".join(f"{thing} ({n})" if len(undeclared) > 1 else thing for thing, n in undeclared)
+        merged = UNDECLARED + what, sum(n for _, n in undeclared)
+        others = [(r, n) for r, n in mine if not r.startswith(UNDECLARED)]
+        for reason, n in ([merged] if undeclared else []) + others:
+            lines += textwrap.wrap(f"{kernel}  {n} test{'s' * (n > 1)}: {reason}", WIDTH,
+                                   initial_indent="  ", subsequent_indent="      ")
+    return lines
+
+
+def _wrapped(prefix: str, note: str) -> list[str]:
+    """A row (``prefix``: its columns but the note) and its note, in lines of at most
+    :data:`WIDTH` columns: the note beside the row, wrapped in its column when it is at least
+    :data:`NOTE_ROOM` wide, else under the row."""
+    if not note:
+        return [prefix.rstrip()]
+    room = WIDTH - len(prefix)
+    if len(note) <= room:
+        return [prefix + note]
+    if room >= NOTE_ROOM:
+        first, *rest = textwrap.wrap(note, room)
+        return [prefix + first, *(" " * len(prefix) + line for line in rest)]
+    return [prefix.rstrip(), *textwrap.wrap(note, WIDTH, initial_indent="    ", subsequent_indent="    ")]
+
+
+def summary_lines(all_skips: bool = False) -> list[str]:
     """A table: kernel, property, examples run, passed, refused, failed, examples/s, examples
-    asked, and a note (the failure's cause number, or why the test was skipped)."""
+    asked, and a note (the failure's cause number, a time box's stop, why the test was skipped);
+    then the tests that drew nothing, one line per kernel and reason (``all_skips``: one per
+    test). Lines of at most :data:`WIDTH` columns (unless a row's kernel and property alone are
+    wider)."""
     if not TALLIES:
         return []
     rows = [COLUMNS, *table_rows()]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
-    lines = ["  ".join([*(c.ljust(w) for c, w in zip(r, widths)), r[-1]]).rstrip() for r in rows]
-    return [lines[0], "-" * len(lines[0]), *lines[1:]]
+    header, *body = (_wrapped("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), ""]), r[-1]) for r in rows)
+    lines = [*header, "-" * min(WIDTH, len(header[0])), *(line for row in body for line in row)]
+    folded = skipped_before_drawing()
+    if folded:
+        tests = sum(len(names) for _, _, names in folded)
+        listed = ", each with its reason:" if all_skips else " (--all-skips lists each with its reason)"
+        lines.append(f"skipped before drawing: {tests} test{'s' * (tests > 1)}{listed}")
+    return lines + _skip_lines(folded, all_skips)
 
 
 def failure_groups() -> list[Group]:
@@ -196,6 +311,12 @@ def markdown_lines() -> list[str]:
     lines = [f"## flashprop on {kernels}: {verdict}", "",
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows()]
+    folded = skipped_before_drawing()
+    if folded:
+        lines += ["", "Skipped before drawing (each reason lists its tests):", ""]
+    for kernel, reason, names in folded:
+        summary = html.escape(f"{kernel}: {len(names)} tests: {_reason(kernel, reason)}")
+        lines += [f"<details><summary>{summary}</summary>", "", ", ".join(names), "", "</details>"]
     groups = failure_groups()
     if groups:
         lines += ["", "### Failures by cause", ""]
@@ -213,8 +334,9 @@ def rows() -> list[dict]:
 
 
 def dump(path: str) -> None:
-    """Write the tallies as JSON (one pytest process's share of a parallel run); the file is
-    replaced whole, so a reader never sees half of it."""
+    """Write the tallies as JSON (one pytest process's share of a parallel run), its folder made
+    if need be; the file is replaced whole, so a reader never sees half of it."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(f"{path}.tmp", "w") as f:
         json.dump(rows(), f, indent=1)
     os.replace(f"{path}.tmp", path)
@@ -230,6 +352,7 @@ def merge_rows(found: list[dict]) -> None:
         tally.last_failure = row["last_failure"] or tally.last_failure
         tally.skipped += row.get("skipped", [])
         tally.asked += row.get("asked", 0)
+        tally.cut += row.get("cut", 0)
 
 
 def merge(paths: list[str]) -> None:
@@ -282,9 +405,11 @@ def main(argv: list[str] | None = None) -> int:
     cause; exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("tallies", nargs="+", help="files written by pytest --tally-json")
+    parser.add_argument("--all-skips", action="store_true",
+                        help="a row for each test that drew nothing (default: one line per reason)")
     args = parser.parse_args(argv)
     merge(args.tallies)
-    print("\n".join(summary_lines()))
+    print("\n".join(summary_lines(args.all_skips)))
     failures = failure_lines()
     if failures:
         print("\nfailures by cause (the smallest problem of each, shrunk, with its repro):")

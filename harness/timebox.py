@@ -6,9 +6,9 @@ the kernel declares), so a test skipped there (an undeclared variant, no backwar
 no share. Each property, when it starts, gets ``(time left) / (drawing properties left)`` (so the
 time of properties that finish early goes to the later ones) and stops drawing examples when its
 share is spent. A property that has found a failure is never cut: it shrinks and reports as
-usual. A cut property is reported as skipped with its reason, and its examples stay in the table
-(libFuzzer's ``-max_total_time`` is the habit). Under pytest-xdist each worker boxes the
-properties it runs, as if it had ``1 / workers`` of them.
+usual. A cut property passes with the examples it ran, noted ``time-boxed`` in the table (one cut
+before its first example is skipped, saying so); libFuzzer's ``-max_total_time`` is the habit.
+Under pytest-xdist each worker boxes the properties it runs, as if it had ``1 / workers`` of them.
 
 Progress: while examples run, a line every :data:`EVERY` seconds (every :data:`EVERY_CI`
 seconds when the output is not a terminal, as in CI logs) says how many properties, examples
