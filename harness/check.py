@@ -390,6 +390,7 @@ def run_property(
     ran_before = TALLIES[(kernel.name, prop)].run  # this call's examples: those after
     errors: list[BaseException] = []  # check raised, not a failure: Hypothesis shrinks it, uncut
     slot = timebox.share()
+    shrinking = timebox.Shrinking(None if slot is None else slot[0])
     expect(kernel.name, prop, n + len(explicit))
 
     def examples(problem: Problem) -> None:
@@ -404,11 +405,17 @@ def run_property(
                                f"{tally.run - ran_before} examples")
         if noting():
             begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
+        if shrinking.over():  # the shrink's time is spent: only the failures found fail again
+            if problem in shrinking.failures:
+                raise shrinking.failures[problem]  # the same exception: Hypothesis sees one failure
+            shrinking.cut += 1
+            return
         start = time.perf_counter()
         try:
             outcome = judged(kernel, problem) or "passed"
         except PropertyFailure as err:
             record(kernel.name, prop, "failed", time.perf_counter() - start, str(err))
+            shrinking.failed(problem, err)
             raise
         record(kernel.name, prop, outcome, time.perf_counter() - start)
 
@@ -430,6 +437,13 @@ def run_property(
         # Hypothesis keys the database by the test function's source, one for every property here
         test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
         test()
+    except PropertyFailure as err:
+        note = shrinking.note()
+        if note is None:
+            raise
+        report = f"{err}\n{note}"  # the smallest failing problem found when shrinking stopped
+        TALLIES[(kernel.name, prop)].last_failure = report
+        raise PropertyFailure(report) from None
     except TimeBoxSpent:
         if TALLIES[(kernel.name, prop)].run == ran_before:
             pytest.skip("time box: its share was spent before its first example")
