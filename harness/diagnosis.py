@@ -22,11 +22,12 @@ diagonal-excluded golden is built by dropping the last key (bottom-right) or the
 ``window=(0, r)``); the next batch element is a dense notion (varlen and decode call the
 neighbour per sequence).
 
-Row patterns are judged against the golden itself: NaN or mean(V) on rows that see no key,
-float64 inputs computed in float32, and a softmax without its max subtraction (o inf/NaN on
-exactly the rows whose logits overflow, or underflow, exp in a working dtype, and right on the
-others). For a backward failure whose forward is right, :func:`diagnose_gradients` says which
-gradients match and which do not, and when one is the golden's times a constant.
+Where no neighbour matches, row patterns are judged against the golden itself: NaN or mean(V)
+on rows that see no key, float64 inputs computed in float32, and a softmax without its max
+subtraction (the output off, inf or NaN, on exactly the rows whose logits overflow or underflow
+exp in a working dtype, and right on the others). For a backward failure whose forward is right,
+:func:`diagnose_gradients` says which gradients match and which do not, and which are zero or
+the golden's times a constant.
 """
 
 from __future__ import annotations
