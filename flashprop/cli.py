@@ -81,17 +81,13 @@ def property_names() -> list[str]:
                   if m.name.startswith("test_"))
 
 
-def usage_problem(ns: argparse.Namespace) -> str | None:
-    """What is wrong with a ``fuzz`` command line before any test runs, in one line (a kernel spec
-    naming nothing, an unknown property), or ``None``. A kernel that exists but cannot run here
-    is not wrong: its row in the table says why."""
+def spec_problem(specs: list[str]) -> str | None:
+    """The first kernel spec that names no kernel (no such file, module or attribute) or declares
+    itself wrongly, said in one line, or ``None``. A kernel that exists but cannot run here is
+    not wrong: its row says why."""
     from flashprop.contract.registry import BUILTIN, KernelSpecError, KernelUnavailable, load_kernel
 
-    known = property_names()
-    unknown = [name for name in ns.properties or () if name not in known]
-    if unknown:
-        return f"unknown property {', '.join(unknown)}; the properties are: {' '.join(known)}"
-    for spec in ns.kernel:
+    for spec in specs:
         if spec in BUILTIN:
             continue
         try:
@@ -101,6 +97,16 @@ def usage_problem(ns: argparse.Namespace) -> str | None:
         except KernelUnavailable:
             pass
     return None
+
+
+def usage_problem(ns: argparse.Namespace) -> str | None:
+    """What is wrong with a ``fuzz`` command line before any test runs, in one line (a kernel spec
+    naming nothing, an unknown property), or ``None``."""
+    known = property_names()
+    unknown = [name for name in ns.properties or () if name not in known]
+    if unknown:
+        return f"unknown property {', '.join(unknown)}; the properties are: {' '.join(known)}"
+    return spec_problem(ns.kernel)
 
 
 def fuzz(ns: argparse.Namespace) -> int:
@@ -152,6 +158,8 @@ def replay(ns: argparse.Namespace) -> int:
     args = ["--pyargs", target, "-q", "-m", "not meta", "--kernel", ns.kernel, "--replay", ns.problem]
     if ns.device:
         args += ["--device", ns.device]
+    if not ns.tracebacks:  # the report is flashprop's, as fuzz prints it; the traceback to a file
+        args += ["--tracebacks-file", str(Path(".flashprop") / TRACEBACKS)]
     return _pytest(args)
 
 
@@ -163,6 +171,13 @@ def bench(ns: argparse.Namespace) -> int:
     kernels and undeclared problems are skipped with the reason (in the memory table too)."""
     if importlib.util.find_spec("pytest_benchmark") is None:
         print("flashprop bench: needs pytest-benchmark (pip install 'flashprop[bench]')", file=sys.stderr)
+        return 2
+    from flashprop.plugin import prepare_device
+
+    prepare_device(ns.device)  # before a user's kernel module imports triton
+    problem = spec_problem(ns.bench_kernels.split(",") if ns.bench_kernels else [])
+    if problem:
+        print(f"flashprop bench: {problem}", file=sys.stderr)
         return 2
     # files, not --pyargs: pytest reads the options of the suites' conftest only from a file's folder
     files = [importlib.util.find_spec(f"flashprop.benchmarks.{SUITES[s]}").origin for s in ns.suites]
@@ -258,6 +273,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("kernel")
     r.add_argument("problem", metavar="PROPERTY:Problem(...)")
     r.add_argument("--device", choices=("cpu", "cuda"))
+    r.add_argument("--tracebacks", action="store_true",
+                   help=f"show pytest's traceback too (by default it goes to .flashprop/{TRACEBACKS})")
     r.add_argument("--test", metavar="MODULE::FUNCTION",
                    help="the property test to collect, e.g. test_golden::test_forward_matches_golden [all]")
     r.set_defaults(run=replay)
