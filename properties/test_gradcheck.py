@@ -12,8 +12,8 @@ again; a backward marked ``once_differentiable`` or computed outside autograd is
 (its gradients do not require grad, or differentiating them raises RuntimeError or
 NotImplementedError) and the test is skipped with the reason. A backward that builds a graph
 but gets the second derivatives wrong fails, and so does a probe that raises anything else (a
-tallied failure, as an example's): both reports say that a backward not meant to be
-differentiated is marked ``@torch.autograd.function.once_differentiable``.
+tallied failure, as an example's). Where the first derivatives are right, the report says that
+a backward not meant to be differentiated is marked ``@torch.autograd.function.once_differentiable``.
 """
 
 from __future__ import annotations
@@ -127,24 +127,27 @@ def _probe(caps: Capabilities, device: str) -> Problem | None:
 def _double_backward_unsupported(kernel: Kernel, p: Problem) -> str | None:
     """Why the kernel's backward cannot be differentiated (``None`` when it can be). A probe that
     raises other than with a clean refusal is the property's failure on ``p``, tallied."""
-    start = time.perf_counter()
+    start, stage = time.perf_counter(), "the forward"
     try:
         q, k, v = p.inputs(requires_grad=True)
         do = p.grad_output().requires_grad_()
-        grads = torch.autograd.grad(_o_of(kernel, p)(q, k, v), (q, k, v), do, create_graph=True)
+        o = _o_of(kernel, p)(q, k, v)
+        stage = "the backward with create_graph=True"
+        grads = torch.autograd.grad(o, (q, k, v), do, create_graph=True)
         if not all(g.requires_grad for g in grads):
             return "its gradients do not require grad"
+        stage = "the backward of the backward"
         try:
             second = torch.autograd.grad(sum(g.sum() for g in grads), (q, k, v, do), allow_unused=True)
         except REFUSALS as err:
             return str(err).splitlines()[0]
     except Exception as err:
         text = (str(err).strip().splitlines() or [""])[0]
-        message = failure(kernel, p, "gradgradcheck", [
-            f"the kernel raised {type(err).__name__}: {text}",
-            "(probing double backward: o, then its gradients with create_graph=True, then theirs)",
-            once_differentiable_hint("its backward raises when autograd records it"),
-        ], backward=True)
+        details = [f"the kernel raised {type(err).__name__}: {text}",
+                   f"(probing double backward, in {stage})"]
+        if stage != "the forward":
+            details.append(once_differentiable_hint("its backward fails when autograd differentiates it"))
+        message = failure(kernel, p, "gradgradcheck", details, backward=True)
         record(kernel.name, "gradgradcheck", "failed", time.perf_counter() - start, message)
         raise PropertyFailure(message) from err
     if all(g is None for g in second):  # e.g. once_differentiable: a graph that leads nowhere
