@@ -14,8 +14,8 @@ A failure report (:func:`harness.check.failure`) is ``property 'P' failed for ke
    ``dv does not match the golden`` one cause whichever gradients do;
 3. its symptom line (``off the golden: ...``, :mod:`harness.symptoms`): an undiagnosed mismatch
    with the golden; the key is the first forward tensor off with its kind of error, or, when the
-   forward is right, the set of gradients off with theirs (one wrong scale in dK is one cause for
-   the backward, odd-dims and sinks-backward properties alike).
+   forward is right, the set of gradients off with theirs (an undiagnosed wrong dK is one cause
+   for the backward, odd-dims and sinks-backward properties alike).
 
 Two failures of one kernel with equal keys share a cause. A failure with none of these (a
 property's own check: a metamorphic relation, determinism, gradcheck) joins a group of that
@@ -27,9 +27,9 @@ kernel with key 2 or 3 that holds its identical shrunk problem; else
 
 else it joins the other failures without a key of its identical problem (one problem failing
 several properties), else stands alone. Failures with different keys are never merged, whatever
-their problems: each key is evidence of its own.
-Where one kernel has two undiagnosed bugs with the same symptom (o off the golden, finite), they
-are one entry: the report of the smallest problem shows one of them, the next run the other.
+their problems: each key is evidence of its own. Where one kernel has two undiagnosed bugs with
+the same symptom (o off the golden, finite), they are one entry: the report of the smallest
+problem shows one of them, the next run the other.
 
 A group shows the report of its smallest problem (least work ``b*hq*nq*nk*max(d, dv)``, then
 fewest variants, then fewest fields off their defaults, then the shortest report: the plainest),
