@@ -93,7 +93,8 @@ def _details(report: str) -> list[str]:
 
 @dataclass(frozen=True)
 class _Named:
-    """The cause a report names: by which rule (1 to 3 of the module docstring), its key, its line."""
+    """The cause a report names: by which rule (1 to 3 of the module docstring), its key, and
+    its line (of a diagnosis, the first clause)."""
 
     rule: int
     key: str
@@ -108,7 +109,8 @@ def _named(report: str) -> _Named | None:
             return _Named(1, normalize(line), line)
     for line in details:
         if line.startswith(diagnosis.PREFIX):
-            return _Named(2, normalize(line.split(": ", 2)[1]), line)
+            clause = line.split(": ", 2)[1]
+            return _Named(2, normalize(clause), clause)
     for line in details:
         if (found := symptoms.key(line)) is not None:
             return _Named(3, found, line)
@@ -116,7 +118,7 @@ def _named(report: str) -> _Named | None:
 
 
 def cause_line(report: str) -> str | None:
-    """The detail line of ``report`` that names its cause, or ``None``."""
+    """The detail line of ``report`` that names its cause (a diagnosis's first clause), or ``None``."""
     named = _named(report)
     return None if named is None else named.line
 
