@@ -4,10 +4,12 @@ A failure report (:func:`harness.check.failure`) is ``property 'P' failed for ke
 ``problem: Problem(...)``, the details, then the repro. Its *cause key* is the first of:
 
 1. a detail line that names an error: ``the kernel raised <Type>: <message>``, ``the kernel
-   refused a declared problem: ...``, ``declares returns_lse but returned only o``, a dead
-   worker; the key is the line with numbers and addresses blanked (a kernel that fails to
-   compile at one head dim, or raises the same error on every problem, gives one cause for every
-   property it takes down, whatever the sizes in the message);
+   refused a declared problem: ...``, ``declares returns_lse but returned only o``, an output
+   of another dtype or shape than the contract's (``lse dtype torch.float16 != torch.float32
+   ...``, :mod:`contract.outputs`), a dead worker; the key is the line with numbers and
+   addresses blanked (a kernel that fails to compile at one head dim, or raises the same error
+   on every problem, gives one cause for every property it takes down, whatever the sizes in
+   the message);
 2. its first ``diagnosis:`` line (:mod:`harness.diagnosis`); the key is that line's first clause
    (up to ``": "``, the convention or pattern it names; the rest is the fix and the evidence),
    numbers blanked: ``matches the golden with scale 1/D = 0.125`` is one cause at every head dim,
@@ -53,6 +55,8 @@ CAUSE_PREFIXES = (
     "declares returns_lse but returned only o",
     "the worker ",
 )
+#: A line of :func:`contract.outputs.mismatch`: an output of another dtype or shape than the contract's.
+_CONTRACT = re.compile(r"^(o|lse) (dtype \S+ != |shape \(.*\) != |is a \w+, not a tensor)")
 PROBLEM_PREFIX = "problem: "
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 _NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
@@ -105,7 +109,8 @@ def _named(report: str) -> _Named | None:
     """The first cause the report's details name, or ``None``."""
     details = _details(report)
     for line in details:
-        if line.startswith(CAUSE_PREFIXES[:3]) or (line.startswith(CAUSE_PREFIXES[3]) and " died" in line):
+        if (line.startswith(CAUSE_PREFIXES[:3]) or (line.startswith(CAUSE_PREFIXES[3]) and " died" in line)
+                or _CONTRACT.match(line)):
             return _Named(1, normalize(line), line)
     for line in details:
         if line.startswith(diagnosis.PREFIX):

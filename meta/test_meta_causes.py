@@ -5,6 +5,7 @@ fails; two bugs of one kernel, two entries; the shrunk problem joins what has no
 from __future__ import annotations
 
 import pytest
+import torch
 from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
@@ -141,3 +142,19 @@ def test_metamorphic_disagreements_of_one_kind_are_one_cause():
         (("split-kv-merge",), "relation lse (off)"),
     ]
     assert groups[0].headline == "o: NaN in 8 elements, first at (0, 0, 1, 0)"  # ODD: least work
+
+
+def test_an_output_off_the_contract_is_one_cause():
+    """lse in the input dtype (float16) fails every property that runs the kernel, whatever the
+    problem: one cause, named by run_kernel's check of the outputs."""
+    kernel = _kernel("meta-lse-float16", lambda q, k, v, *, causal=False, scale=None, **variants: (
+        attention_yardstick(q, k, v, causal=causal, scale=scale, **variants)))
+    failures = []
+    windowed = FORWARD.replace(window=(1, 1))
+    for prop, p in (("forward", FORWARD), ("backward", BACKWARD), ("window-forward", windowed)):
+        with pytest.raises(PropertyFailure) as raised:
+            run_kernel(kernel, p.replace(dtype=torch.float16), prop, backward=prop == "backward")
+        failures.append(Failure(kernel.name, prop, str(raised.value)))
+    (only,) = group(failures)
+    assert only.properties == ("backward", "forward", "window-forward")
+    assert only.headline.startswith("lse dtype torch.float16 != torch.float32"), only.headline
