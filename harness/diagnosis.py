@@ -262,14 +262,16 @@ def _off(actual: torch.Tensor, expected: torch.Tensor, limit: float) -> torch.Te
 
 
 def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Golden,
-              limits: dict[str, float]) -> list[str]:
+              limits: dict[str, float], v: torch.Tensor) -> list[str]:
     """A softmax without its max subtraction: ``exp(s)`` overflows a working dtype T (float32, or
     float16 where P is cast to it for the PV product; float64 for float64 problems) on the rows
     whose lse exceeds ln(max T), and underflows (to subnormals, or to 0) on rows whose largest
     logit lies below ln(smallest normal T) (at least lse - ln Nk). The rows off the golden are
     rows of such logits (a margin of 1), and so is every row surely past T's range. With no row
     of small logits to be right on, the rows off must carry the failure's own marks: inf or NaN,
-    or o = 0 exactly (every term underflowed)."""
+    o = 0 exactly (every term underflowed), or an error that T's subnormals can make: each of
+    Nk terms rounded to its spacing ``tiny * eps`` moves o by at most
+    ``Nk * tiny * eps * 2 max|V| / exp(lse)``."""
     g_lse = golden[1].detach().to(torch.float64).cpu()
     o64, g64 = _rows(p, o), _rows(p, golden[0])
     seen = torch.isfinite(g_lse)
@@ -282,6 +284,8 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
     nonfinite = ~torch.isfinite(o64).all(-1)
     if lse is not None:
         nonfinite |= ~torch.isfinite(lse.detach().cpu())
+    finite_v = v.detach()[torch.isfinite(v.detach())]
+    big_v = float(finite_v.abs().max()) if finite_v.numel() else 0.0
     for t in (torch.float64,) if p.dtype == torch.float64 else (torch.float32, torch.float16):
         info, name = torch.finfo(t), str(t).removeprefix("torch.")
         high = math.log(info.max)
@@ -292,8 +296,12 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
         small = seen & ~over & ~under
         if (off & small).any() or (sure & ~off).any():
             continue
-        if not small.any() and not bool((nonfinite | (o64 == 0).all(-1))[off].all()):
-            continue  # no row to be right on: only the failure's own marks (inf, NaN, all-zero p) count
+        if not small.any():  # no row to be right on: only the failure's own marks count
+            err = torch.where(torch.isfinite(o64), (o64 - g64).abs(), 0).amax(-1)
+            grain = info.tiny * info.eps * max(_keys(p), 1) * 2 * big_v * torch.exp(-g_lse)
+            marked = nonfinite | (o64 == 0).all(-1) | (under & (err <= grain + limits["o"]))
+            if not bool(marked[off].all()):
+                continue
         where = []
         if (off & over).any():
             top = float(g_lse[off & over].max())
@@ -351,7 +359,8 @@ def diagnose(p: Problem, alignment: str, o: torch.Tensor, lse: torch.Tensor | No
     if lse is not None and lse.shape != golden[1].shape:
         lse = None  # judged on o alone (the comparison of lse reports its shape)
     if not found and o.shape == golden[0].shape:  # a whole convention explains every row, these some
-        found = (_empty_rows(p, o, golden, limits, inputs.args[2]) + _overflow(p, o, lse, golden, limits)
+        found = (_empty_rows(p, o, golden, limits, inputs.args[2])
+                 + _overflow(p, o, lse, golden, limits, inputs.args[2])
                  + _float32_only(p, o, lse, golden, inputs, alignment))
     return [PREFIX + line for line in found]
 

@@ -171,6 +171,8 @@ CASES = [
      "without its max subtraction: the output is inf/NaN on the"),
     (exp_without_max, {}, Problem(b=2, hq=2, nq=6, nk=4, d=16, dv=8, dist="negative"),
      "rows where exp(s) underflows float32"),
+    (exp_without_max, {}, Problem(nq=7, nk=1, d=16, dv=16, dtype=torch.float16, dist="negative", **CAUSAL),
+     "off the golden on the 1 rows where exp(s) underflows float32 (lse down to -100.3"),
     (lse_base2, {}, Problem(nq=6, nk=6, d=8, dv=8), "lse in base 2"),
     (in_float32, {}, Problem(nq=6, nk=9, d=8, dv=8, dtype=torch.float64), "only to float32 precision"),
     (nan_empty_rows, {}, Problem(nq=9, nk=4, d=8, dv=8, dtype=torch.float64, **CAUSAL), "NaN only on rows"),
@@ -230,11 +232,12 @@ def _off_by(factor: float, shift: float):
 
 @pytest.mark.parametrize(("fn", "problem"), [
     (_off_by(1.01, 0.0), Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large")),
-    (_off_by(1.0, 1.0), Problem(nq=1, nk=1, d=1, dv=1, dtype=torch.float16, dist="negative")),
+    (_off_by(1.0, 100.0), Problem(nq=1, nk=1, d=1, dv=1, dtype=torch.float16, dist="negative")),
 ], ids=["small-rows-off", "one-row-off-finite"])
 def test_overflow_is_not_claimed_without_its_evidence(fn, problem: Problem):
-    """Overflowing rows and o off elsewhere too; one row of tiny logits whose o is off but finite
-    and not 0 (nothing to be right on, no mark of an overflow): not the missing max subtraction."""
+    """Overflowing rows and o off elsewhere too; one row of tiny logits whose o is off by more
+    than rounding to subnormals could make it (nothing to be right on, no mark of an overflow or
+    underflow): not the missing max subtraction."""
     diagnoses = _diagnoses(_kernel("meta-off", fn), problem, ("o", "lse"))
     assert not any("max subtraction" in line for line in diagnoses), diagnoses
 
