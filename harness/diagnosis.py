@@ -388,7 +388,7 @@ def _listed(names: Sequence[str]) -> str:
 def _factor(c: float, scale: float, group: int) -> str:
     """What a gradient's constant factor against the golden's suggests."""
     for value, why in ((scale, "the scale: a factor of the scale applied once too often"),
-                       (1 / scale, "1/scale: the scale factor left out"),
+                       (1 / scale if scale else math.inf, "1/scale: the scale factor left out"),
                        (-1.0, "-1: the sign is wrong"),
                        (float(group), "the GQA group size: summed over the group once too often"),
                        (1 / group, "1/group: only one query head of each GQA group taken")):
