@@ -1,7 +1,7 @@
 """Kernel registry and loader.
 
-A kernel is named by a registered name (``triton``, ``cuda``, ``ref-blocked``, ``sdpa-math``,
-``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``, ``flex``, ``flash-attn``), by
+A kernel is named by a registered name (``triton``, ``cuda``, ``ref-blocked``, ``ref-reordered``,
+``sdpa-math``, ``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``, ``flex``, ``flash-attn``), by
 ``module:attr`` or by ``path/to/file.py:attr``. A kernel callable or its module may define
 ``unavailable_reason()`` returning why the kernel cannot run here (``None`` when it can); the
 loader then raises :class:`KernelUnavailable` and the suite skips the kernel with that reason.
@@ -44,6 +44,7 @@ BUILTIN: dict[str, str] = {
     "triton": "flashprop.kernels.triton_attention:attention",
     "cuda": "flashprop.kernels.cuda_attention:attention",
     "ref-blocked": "flashprop.refimpl.blocked:attention",
+    "ref-reordered": "flashprop.refimpl.reordered:attention",
     "sdpa-math": "flashprop.kernels.sdpa:sdpa_math",
     "sdpa-flash": "flashprop.kernels.sdpa:sdpa_flash",
     "sdpa-efficient": "flashprop.kernels.sdpa:sdpa_efficient",
@@ -55,8 +56,9 @@ BUILTIN: dict[str, str] = {
 # Which registered kernels each run takes, per purpose (the CI scripts, tox.ini and the benchmark
 # suites read these; a new kernel joins a run by being added here).
 #: The default CPU run (tox's ``py`` environment, ``mutants.run``'s correct kernels among them):
-#: the kernels that run on a machine without a GPU.
-CPU_KERNELS: tuple[str, ...] = ("ref-blocked", "sdpa-math", "triton")
+#: the kernels that run on a machine without a GPU. ``ref-reordered`` (float64 only) is the
+#: float64 floor's check: ``ref-blocked`` in another summation order.
+CPU_KERNELS: tuple[str, ...] = ("ref-blocked", "ref-reordered", "sdpa-math", "triton")
 #: The property suite on a GPU (``ci/gpu_check.py``), slowest to compile first.
 GPU_PROPERTY_KERNELS: tuple[str, ...] = (
     "triton", "cuda", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "flex",

@@ -37,7 +37,7 @@ from flashprop.harness.report import (
 )
 from flashprop.harness.strategies import DRAWN
 from flashprop.harness.symptoms import symptom
-from flashprop.harness.tolerance import Comparison, compare
+from flashprop.harness.tolerance import Comparison, compare, conditioning
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
     kvcache_golden,
@@ -301,8 +301,8 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
     """Compare the named tensors of ``out`` with golden; lse only when the kernel returns it. An o
     or lse of another dtype or shape than the contract's (:mod:`contract.outputs`) fails outright."""
     golden, yard = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))
-    finite_lse = golden.lse[torch.isfinite(golden.lse)]
-    logit_size = float(finite_lse.abs().max()) if finite_lse.numel() else 0.0
+    cond = conditioning(problem)  # the floor's logit term: raw logits, lse and values' sizes
+    logit_size = cond.logit_size(golden.lse)
     results = []
     for name in names:
         if name == "lse" and out.lse is None:
@@ -319,7 +319,9 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
             continue
         magnitude = golden.bounds.get(name) if golden.bounds else None
         dtype = budget_dtype(problem, name)
-        results.append(compare(name, actual, expected, getattr(yard, name), dtype, magnitude, logit_size))
+        values = cond.values if name == "o" else 0.0
+        results.append(compare(name, actual, expected, getattr(yard, name), dtype, magnitude, logit_size,
+                               values))
     return results
 
 

@@ -15,16 +15,26 @@ implementation happens to be (nearly) exact, e.g. N = 1:
 that is a few units in the last place of the tensor's natural magnitude: max|X_golden| for o and
 lse, and for gradients the golden's absolute-value bound (refimpl.golden, ``bounds=True``), since
 a gradient can cancel to ~0 while the terms that produce it (and their rounding) stay large. The floor has a
-second term for the logits' size L = max|lse|: a logit of size L is known only to about
-eps * L in the accumulation precision (float32, or float64 for float64 inputs), which perturbs
-exp() by that relative amount; a plain implementation can be lucky there (a near one-hot
-softmax hides it), a tiled one that rescales by exp(m_old - m_new) is not:
+second term for the size L of the logits, from the problem's conditioning (:func:`logit_size`):
 
-    floor += LOGIT_ULPS * eps(accumulation dtype) * L * max(1, magnitude)
+    L = max(scale * max_{i,j} sum_d |q_id| |k_jd|,  max|lse|)
 
-In float64 this term is what calibrates: the yardstick *is* a float64 computation like the
-golden. A kernel that declares
-``fp32_matmul="tf32"`` is judged against a yardstick whose float32 matmuls also run in tf32.
+The first is the raw logits' size (before a softcap or a bias; :func:`raw_logit_size`): q.k
+summed in any order is known only to about eps * sum_d |q_d k_d|, however small the sum (it can
+cancel, and a softcap's tanh passes that error on wherever it does not saturate); the second
+covers what the score mods add (ALiBi's bias, a sink). An error of eps * L in a logit perturbs
+exp() by that relative amount, and so the weights that average V (o moves by up to that times
+max|V|, however small o is: ``values``) and every gradient:
+
+    floor += LOGIT_ULPS * eps(accumulation dtype) * L * max(1, magnitude, values)
+
+In float64 this term is what calibrates: the yardstick rounds as the golden does (the same
+matmuls in the same precision), so ``r x yardstick error`` is about 0 there, and a float64 kernel
+summing in another order (``ref-reordered``) differs from the golden by the golden's own error,
+which ``meta/test_meta_tolerance.py`` measures against mpmath: at most :data:`GOLDEN_ULPS` units
+of ``eps(float64) * max(1, L) * max(1, magnitude, values)``, a quarter of this term or less. A
+kernel that declares ``fp32_matmul="tf32"`` is judged against a yardstick whose float32 matmuls
+also run in tf32.
 
 Exact requirements come before the budget: NaN where the golden is finite fails, -inf in lse
 must sit exactly where the golden has -inf (empty rows), and empty rows must give o = 0 exactly.
@@ -32,9 +42,11 @@ must sit exactly where the golden has -inf (empty rows), and empty rows must giv
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+from flashprop.contract.problem import Problem
 
 #: r: allowed multiple of the yardstick's error, per tensor and dtype. In fp16/bf16 the kernel's
 #: fp32 accumulation beats the yardstick, as in FlashAttention's tests (2 forward, 3 backward).
@@ -51,6 +63,14 @@ RATIO: dict[str, dict[torch.dtype, float]] = {
 }
 #: Logit-size floor, in units of eps(accumulation dtype) * L * magnitude.
 LOGIT_ULPS = 16.0
+#: The float64 golden's own error bound, in units of eps(float64) * max(1, L) * max(1, magnitude,
+#: values), as meta/test_meta_tolerance.py checks it against mpmath (measured: at most 0.6 ulp in
+#: o and lse, 3 ulps in the gradients, on its tiny problems). The floor's logit term is
+#: LOGIT_ULPS / GOLDEN_ULPS = 4 times it: a kernel as accurate as the golden, in any order,
+#: differs from it by at most twice the golden's error.
+GOLDEN_ULPS = 4.0
+#: Key chunk of :func:`raw_logit_size` (memory O(Nq * chunk), as the golden's).
+CHUNK = 1024
 #: Floor, in units of eps(dtype) times the golden's magnitude.
 FLOOR_ULPS: dict[torch.dtype, float] = {
     torch.float16: 2.0,
@@ -107,14 +127,71 @@ def _finite_max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, tuple
     return float(diff.reshape(-1)[flat]), where
 
 
+@torch.no_grad()
+def raw_logit_size(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
+    """``scale * max_{b,h,i,j} sum_d |q_bhid| |k_b,g(h),j,d|`` over every query-key pair of a head
+    (visible or not: an upper bound of the visible pairs', with no mask to apply), with GQA's
+    head map g(h) = h // (Hq // Hkv): what rounding the raw logit ``scale * q_i . k_j`` scales
+    with, in any summation order (``|fl(x . y) - x . y| <= gamma_D sum_d |x_d y_d|``). Exact, in
+    float64, over key chunks of :data:`CHUNK` (memory O(B Hq Nq CHUNK)); q (B, Hq, Nq, D),
+    k (B, Hkv, Nk, D). 0 when there is no pair."""
+    b, hq, nq, d = q.shape
+    hkv, nk = k.shape[1], k.shape[2]
+    if q.numel() == 0 or k.numel() == 0:
+        return 0.0
+    # query heads h of kv head j are j * group .. (j + 1) * group - 1: a group's rows in one matmul
+    qa = q.detach().abs().to(torch.float64).reshape(b, hkv, (hq // hkv) * nq, d)
+    ka = k.detach().abs().to(device=qa.device, dtype=torch.float64)
+    largest = max(float((qa @ ka[:, :, s : s + CHUNK].transpose(-1, -2)).max()) for s in range(0, nk, CHUNK))
+    return abs(scale) * largest
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """What a problem's floor scales with, from its inputs (:func:`conditioning`).
+
+    Attributes:
+        raw_logits: :func:`raw_logit_size` of the problem's q and k.
+        values: max|V|, which o averages.
+    """
+
+    raw_logits: float
+    values: float
+
+    def logit_size(self, lse: torch.Tensor) -> float:
+        """L: the larger of the raw logits' size and max|lse| over the golden's finite lse."""
+        return max(self.raw_logits, finite_max_abs(lse))
+
+
+@functools.lru_cache(maxsize=16)
+def conditioning(problem: Problem) -> Conditioning:
+    """The :class:`Conditioning` of ``problem``'s values (its dense logical q, k, v: a varlen
+    problem's packed sequence as one, a decode problem's whole cache), on its device."""
+    q, k, v, _ = problem.logical()
+    dev = torch.device(problem.device)
+    return Conditioning(raw_logit_size(q.to(dev), k.to(dev), problem.effective_scale), finite_max_abs(v))
+
+
+def finite_max_abs(t: torch.Tensor) -> float:
+    """max|t| over its finite entries (0 when there is none)."""
+    finite = t.detach()[torch.isfinite(t.detach())]
+    return float(finite.abs().max()) if finite.numel() else 0.0
+
+
 def budget(
-    name: str, dtype: torch.dtype, yardstick_error: float, magnitude: float, logit_size: float = 0.0
+    name: str,
+    dtype: torch.dtype,
+    yardstick_error: float,
+    magnitude: float,
+    logit_size: float = 0.0,
+    values: float = 0.0,
 ) -> tuple[float, float]:
-    """``(budget, floor)`` for tensor ``name`` of a ``dtype`` problem."""
+    """``(budget, floor)`` for tensor ``name`` of a ``dtype`` problem: ``magnitude`` as
+    :func:`compare`'s, ``logit_size`` L (:meth:`Conditioning.logit_size`) and ``values`` (what
+    the tensor averages: max|V| for o; 0 for the others) scale the logit term."""
     acc_eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
-    floor = (FLOOR_ULPS[dtype] * torch.finfo(dtype).eps + LOGIT_ULPS * acc_eps * logit_size) * max(
-        1.0, magnitude
-    )
+    floor = (FLOOR_ULPS[dtype] * torch.finfo(dtype).eps * max(1.0, magnitude)
+             + LOGIT_ULPS * acc_eps * logit_size * max(1.0, magnitude, values))
     return RATIO[name][dtype] * yardstick_error + floor, floor
 
 
@@ -126,11 +203,13 @@ def compare(
     dtype: torch.dtype,
     magnitude: float | None = None,
     logit_size: float = 0.0,
+    values: float = 0.0,
 ) -> Comparison:
     """Judge ``actual`` against ``golden`` (float64) with the yardstick's error as the scale.
 
     ``magnitude`` is the tensor's natural magnitude for the floor (default: max|golden|);
-    ``logit_size`` is max|lse| of the problem (the floor's logit term)."""
+    ``logit_size`` is the problem's L and ``values`` what the tensor averages (max|V| for o), the
+    floor's logit term (:func:`budget`, :func:`conditioning`)."""
     a = actual.detach().to(torch.float64)
     g = golden.detach().to(device=a.device, dtype=torch.float64)
     y = yardstick.detach().to(device=a.device, dtype=torch.float64)
@@ -140,7 +219,7 @@ def compare(
         finite_g = g[torch.isfinite(g)]
         magnitude = float(finite_g.abs().max()) if finite_g.numel() else 0.0
     y_err, _ = _finite_max_abs_diff(y, g)
-    limit, floor = budget(name, dtype, y_err, magnitude, logit_size)
+    limit, floor = budget(name, dtype, y_err, magnitude, logit_size, values)
     err, where = _finite_max_abs_diff(a, g)
     reason = ""
     bad_nan = torch.isnan(a) & ~torch.isnan(g)

@@ -100,8 +100,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_tail_skipped",
         BLOCKED,
-        "for k0 in range(k_start, k_stop, block_n):",
-        "for k0 in range(k_start, k_stop // block_n * block_n, block_n):",
+        "for k0 in var.order.visit(range(k_start, k_stop, block_n)):",
+        "for k0 in var.order.visit(range(k_start, k_stop // block_n * block_n, block_n)):",
         "tail tile skipped",
         "The forward loop stops at the last whole key tile, so the ragged tail (and a causal "
         "diagonal that ends mid-tile) is never read. Imitates kernels that compute the loop bound "
@@ -152,8 +152,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_bwd_skips_key_tail",
         BLOCKED,
-        "for k0 in range(0, nk, block_n):",
-        "for k0 in range(0, nk - nk % block_n, block_n):",
+        "for k0 in var.order.visit(range(0, nk, block_n)):",
+        "for k0 in var.order.visit(range(0, nk - nk % block_n, block_n)):",
         "backward ignores the tail",
         "The backward loops over whole key tiles only: the ragged last tile gets dk = dv = 0 and "
         "contributes nothing to dq. Imitates backward kernels written for N % BLOCK == 0 "
@@ -225,7 +225,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_nondeterministic",
         BLOCKED,
-        "            for k0 in range(k_start, k_stop, block_n):\n",
+        "            for k0 in var.order.visit(range(k_start, k_stop, block_n)):\n",
         "            starts = list(range(k_start, k_stop, block_n))\n"
         "            for k0 in [starts[i] for i in torch.randperm(len(starts)).tolist()]:\n",
         "non-deterministic results",
@@ -644,7 +644,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "blocked_offsets_int32",
         BLOCKED,
         "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
-        "softcap, slopes)\n",
+        "softcap, slopes,\n                                   order)\n",
         "    def int32_addressed(t):  # t as read at element offsets sum(index * stride) held in int32\n"
         "        offsets = torch.zeros((), dtype=torch.int64, device=t.device)\n"
         "        for size, stride in zip(t.shape, t.stride()):\n"
@@ -656,7 +656,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "\n"
         "    q, k, v = (int32_addressed(t) for t in (q, k, v))\n"
         "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
-        "softcap, slopes)\n",
+        "softcap, slopes,\n                                   order)\n",
         "offsets computed in 32 bits",
         "The dense entry point reads q, k and v at element offsets sum(index * stride) computed in "
         "32 bits: past element 2^31 of a tensor (a tensor of more than 2^31 elements, or a view "

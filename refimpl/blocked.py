@@ -72,20 +72,58 @@ Window = tuple[int, int]
 
 
 @dataclass(frozen=True)
+class Order:
+    """The order the tile loops sum in. Every order computes the same attention and rounds
+    differently: :data:`NATURAL` is this kernel's, :mod:`refimpl.reordered` runs another.
+
+    Attributes:
+        reverse: each loop visits its tiles last to first (the forward's key tiles; the
+            backward's key tiles and, for each, the query tiles that see it).
+        d_tile: products over the head dim (``Q K^T``, and ``dO V^T`` in the backward) summed
+            tile by tile, ``d_tile`` columns each, last tile first (0: one matmul).
+    """
+
+    reverse: bool = False
+    d_tile: int = 0
+
+    def visit(self, tiles: range) -> range:
+        """The tile starts ``tiles`` in this order's visiting order."""
+        return tiles[::-1] if self.reverse else tiles
+
+    def dot(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``a @ b^T``: (..., M, D) by (..., N, D) -> (..., M, N), summed over D in this order."""
+        d = a.shape[-1]
+        if not self.d_tile or d <= self.d_tile:
+            return a @ b.transpose(-1, -2)
+        starts = range(0, d, self.d_tile)[::-1]
+        total = a[..., starts[0] :] @ b[..., starts[0] :].transpose(-1, -2)
+        for d0 in starts[1:]:
+            d1 = d0 + self.d_tile
+            total = total + a[..., d0:d1] @ b[..., d0:d1].transpose(-1, -2)
+        return total
+
+
+NATURAL = Order()
+
+
+@dataclass(frozen=True)
 class Variants:
-    """The score and mask modifiers of one call (``docs/variants.md``), as the tile loops read them.
+    """The score and mask modifiers of one call (``docs/variants.md``), as the tile loops read
+    them, and the loops' summation order.
 
     Attributes:
         window: ``(left, right)``; -1 leaves that side unbounded, ``(-1, -1)`` is no window.
         softcap: the cap t of ``s -> t * tanh(s / t)``; 0 is off.
         slopes: ALiBi slopes (B, Hq) in the accumulator dtype, or ``None``.
         sinks: sink logits (Hq,), or ``None``.
+        order: the order the tile loops sum in.
     """
 
     window: Window
     softcap: float
     slopes: torch.Tensor | None
     sinks: torch.Tensor | None
+    order: Order = NATURAL
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -143,7 +181,7 @@ def _scores(
     """Logits of one tile of query head ``h``: scaled, soft-capped, ALiBi-biased, then masked
     (-inf beyond the key tail, above the causal diagonal, outside the window). Also returns the
     softcap's derivative ``1 - tanh^2`` for the backward (``None`` without a softcap)."""
-    s = scale * (qi @ kj.transpose(-1, -2))
+    s = scale * var.order.dot(qi, kj)
     dcap = None
     if var.softcap:
         t = torch.tanh(s / var.softcap)
@@ -198,7 +236,7 @@ def _forward(
                 l.fill_(1.0)
             acc = torch.zeros((b, q1 - q0, dv), dtype=acc_t, device=q.device)
             k_start, k_stop = _key_range(q0, q1, keys, offset, causal, var.window, block_n)
-            for k0 in range(k_start, k_stop, block_n):
+            for k0 in var.order.visit(range(k_start, k_stop, block_n)):
                 cols = torch.arange(k0, k0 + block_n, device=q.device)
                 kj = kh[:, k0 : k0 + block_n].to(acc_t)
                 vj = vh[:, k0 : k0 + block_n].to(acc_t)
@@ -243,19 +281,19 @@ def _backward(
     dv = torch.zeros(v.shape, dtype=acc_t, device=q.device)
     for h in range(hq):
         hk = _kv_head(h, group)
-        for k0 in range(0, nk, block_n):
+        for k0 in var.order.visit(range(0, nk, block_n)):
             k1 = min(k0 + block_n, nk)
             cols = torch.arange(k0, k1, device=q.device)
             kj, vj = k[:, hk, k0:k1].to(acc_t), v[:, hk, k0:k1].to(acc_t)
             q_start, q_stop = _query_range(k0, k1, nq, offset, causal, var.window, block_m)
-            for q0 in range(q_start, q_stop, block_m):
+            for q0 in var.order.visit(range(q_start, q_stop, block_m)):
                 q1 = min(q0 + block_m, nq)
                 rows = torch.arange(q0, q1, device=q.device)
                 qi, doi = q[:, h, q0:q1].to(acc_t), do[:, h, q0:q1].to(acc_t)
                 s, dcap = _scores(qi, kj, scale, rows, cols, causal, offset, nk, var, h)
                 p = torch.exp(s - lse_safe[:, h, q0:q1, None])
                 dv[:, hk, k0:k1] += p.to(q.dtype).to(acc_t).transpose(-1, -2) @ doi
-                dp = doi @ vj.transpose(-1, -2)
+                dp = var.order.dot(doi, vj)
                 ds = p * (dp - delta[:, h, q0:q1, None])
                 if dcap is not None:  # back through the softcap
                     ds = ds * dcap
@@ -271,11 +309,11 @@ def _backward(
 
 class _BlockedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes):
-        var = Variants(window, softcap, slopes, sinks)
+    def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes, order):
+        var = Variants(window, softcap, slopes, sinks, order)
         o, lse = _forward(q, k, v, causal, scale, block_m, block_n, var)
         ctx.save_for_backward(q, k, v, o, lse, slopes, sinks)
-        ctx.args = (causal, scale, block_m, block_n, window, softcap)
+        ctx.args = (causal, scale, block_m, block_n, window, softcap, order)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -283,10 +321,10 @@ class _BlockedAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, slopes, sinks = ctx.saved_tensors
-        causal, scale, block_m, block_n, window, softcap = ctx.args
-        var = Variants(window, softcap, slopes, sinks)
+        causal, scale, block_m, block_n, window, softcap, order = ctx.args
+        var = Variants(window, softcap, slopes, sinks, order)
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n, var)
-        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None
 
 
 def _split_kv(
@@ -404,16 +442,18 @@ def attention(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocked FlashAttention-2 ``(o, lse)`` with bottom-right causal alignment; any tile sizes.
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); o (B, Hq, Nq, Dv), lse (B, Hq, Nq).
-    Differentiable in q, k, v and ``sinks``."""
+    Differentiable in q, k, v and ``sinks``. ``order``: the tile loops' summation order (:class:`Order`)."""
     check_shapes(q, k, v)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = q.shape[:2]
     window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
-    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes)
+    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes,
+                                   order)
 
 
 def varlen(
@@ -433,9 +473,11 @@ def varlen(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences (``flash_attn_varlen_func``): q (Tq, Hq, D), k (Tk, Hkv, D),
-    v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``."""
+    v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``;
+    ``order`` as :func:`attention`'s."""
     seqs = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = len(seqs), q.shape[1]
@@ -443,7 +485,7 @@ def varlen(
     outs, lses = [], []
     for s, (sq, sk) in enumerate(seqs):
         slopes_s = None if slopes is None else slopes[s : s + 1]  # (B, Hq) slopes: row s
-        args = (causal, scale, block_m, block_n, window, softcap, slopes_s)
+        args = (causal, scale, block_m, block_n, window, softcap, slopes_s, order)
         o, lse = _BlockedAttention.apply(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), sinks, *args)
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
@@ -466,11 +508,12 @@ def kvcache(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KV-cache decode (``flash_attn_with_kvcache``), forward only: q (B, Nq, Hq, D), cache
     (B, Ncache, Hkv, D) or paged (num_pages, page_size, Hkv, D) with ``block_table``
     (B, max_pages) -> o (B, Nq, Hq, Dv), lse (B, Hq, Nq). ``num_splits``: split-KV runs
-    (0: the kernel chooses, and it chooses 1)."""
+    (0: the kernel chooses, and it chooses 1); ``order`` as :func:`attention`'s."""
     inputs = (q, k_cache, v_cache, alibi_slopes, sinks)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
         raise NotImplementedError("kvcache is forward only: call it on inputs that do not require grad")
@@ -487,7 +530,7 @@ def kvcache(
         else:
             page, slot = block_table[i, pos // k_cache.shape[1]].long(), pos % k_cache.shape[1]
             k_seq, v_seq = k_cache[page, slot], v_cache[page, slot]
-        var = Variants(window, softcap, None if slopes is None else slopes[i : i + 1], sinks)
+        var = Variants(window, softcap, None if slopes is None else slopes[i : i + 1], sinks, order)
         o_i, lse_i = _split_kv(
             _bhnd(q[i]), _bhnd(k_seq), _bhnd(v_seq), causal, scale, block_m, block_n, var, num_splits or 1
         )
