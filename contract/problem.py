@@ -17,13 +17,19 @@ Value distributions for q and k (v and dO are always standard normal):
     rank1        q and k rows are multiples of one direction: sharp, nearly one-hot softmax
     ties         all keys equal: uniform softmax, ties in the running max
     spikes       N(0, 1) plus a few entries of magnitude 30
+    overflow     every logit of every row far above +88 (120 to 240 at the default scale, spread
+                 about 3 within a row): float32 ``exp`` overflows unless the row max is subtracted
+    underflow    every logit far below -88 (the same, negated): every ``exp`` underflows to 0
+                 unless the row max is subtracted
 
 Variants (``docs/variants.md``), each off by default (a dense problem):
     window       ``window_size=(left, right)``
     softcap      ``softcap`` (0: off)
     alibi        ``(shape, max_slope)``: slopes ``max_slope * U(1/4, 1)`` of shape (Hq,) or (B, Hq)
     sinks        the sink logits' distribution: ``negative`` (about -20: no effect), ``positive``
-                 (about +3: they dominate small rows), ``mixed`` (N(0, 16))
+                 (about +3: they dominate small rows), ``mixed`` (N(0, 16)), ``above`` and
+                 ``below`` (about 120 above, below, a bound on every logit of the head: the
+                 keys' weights ``exp(s - z)`` underflow to 0, or the sink's ``exp(z - max s)``)
     seqlens      varlen: ``((nq_0, nk_0), ...)``, one pair per sequence; ``b`` is their number,
                  ``nq``/``nk`` the largest. Tensors are packed token-major (T, H, D)
     cache        KV-cache decode: ``cache_seqlens`` per batch element; ``nk`` is the capacity;
@@ -50,7 +56,7 @@ from typing import Any
 import torch
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "strided")
-DISTRIBUTIONS = ("normal", "large", "negative", "rank1", "ties", "spikes")
+DISTRIBUTIONS = ("normal", "large", "negative", "rank1", "ties", "spikes", "overflow", "underflow")
 DTYPE_NAMES = {
     torch.float16: "float16",
     torch.bfloat16: "bfloat16",
@@ -61,8 +67,19 @@ DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 _POISON_PAD = 64
 #: Variant fields whose default is not None (omitted from descriptions when off).
 _VARIANT_FIELDS = {"softcap": 0.0}
-#: Sink logits per distribution: ``centre + spread * N(0, 1)``.
-SINKS = {"negative": (-20.0, 1.0), "positive": (3.0, 2.0), "mixed": (0.0, 4.0)}
+#: Sink logits per distribution: ``centre + spread * N(0, 1) + side * L_h``, where ``L_h`` bounds
+#: every logit of query head h (:meth:`Problem.logit_bounds`): ``above`` lies more than 100 above
+#: them all, ``below`` more than 100 below, beyond float32 ``exp``'s range (about 88) either way.
+SINKS: dict[str, tuple[float, float, int]] = {
+    "negative": (-20.0, 1.0, 0),
+    "positive": (3.0, 2.0, 0),
+    "mixed": (0.0, 4.0, 0),
+    "above": (120.0, 4.0, 1),
+    "below": (-120.0, 4.0, -1),
+}
+#: ``overflow`` and ``underflow``: the logits' centre at the default scale 1/sqrt(D) (each row's
+#: is 1 to 2 times it) and their spread within a row (standard deviation).
+FAR_LOGIT, FAR_SPREAD = 120.0, 3.0
 
 
 @dataclass
@@ -168,7 +185,25 @@ class Problem:
                 # inputs and the golden was computed on other values than the kernel saw
                 idx = torch.randperm(t.numel(), generator=g)[: max(1, t.numel() // 50)]
                 t.view(-1)[idx] = 30 * torch.sign(randn(idx.numel()))
+        elif self.dist in ("overflow", "underflow"):
+            q, k = _far_logits(q, k, torch.rand(*qs[:3], 1, generator=g, dtype=dt),
+                               1.0 if self.dist == "overflow" else -1.0)
         return q, k, v, do
+
+    def logit_bounds(self) -> torch.Tensor:
+        """Per query head h, a bound on every logit it sees: ``scale * max_i |q_i| * max_j |k_j|``
+        over the batch (Cauchy-Schwarz; a softcap only shrinks a logit, ALiBi only lowers it)."""
+        q, k = self.logical()[:2]
+        group = self.hq // self.hkv
+        qn = q.norm(dim=-1).amax(dim=(0, 2)) if q.numel() else torch.zeros(self.hq, dtype=q.dtype)
+        kn = k.norm(dim=-1).amax(dim=(0, 2)) if k.numel() else torch.zeros(self.hkv, dtype=k.dtype)
+        return self.effective_scale * qn * kn.repeat_interleave(group)
+
+    def _sink_logits(self, g: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
+        """The (Hq,) sink logits of distribution ``sinks`` (:data:`SINKS`)."""
+        centre, spread, side = SINKS[self.sinks]
+        z = centre + spread * torch.randn(self.hq, generator=g, dtype=dtype)
+        return z + side * self.logit_bounds().to(dtype) if side else z
 
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         """Put logical tensor ``t`` (B, H, N, D), or a packed (T, H, D), into memory per ``layout``
@@ -235,8 +270,7 @@ class Problem:
             dims = (self.hq,) if shape == "head" else (self.b, self.hq)
             kw["alibi_slopes"] = (top * (0.25 + 0.75 * torch.rand(dims, generator=g))).to(self.device)
         if self.sinks is not None:
-            centre, spread = SINKS[self.sinks]
-            z = centre + spread * torch.randn(self.hq, generator=g, dtype=torch.float32)
+            z = self._sink_logits(g, torch.float32)
             kw["sinks"] = z.to(self.device).requires_grad_(requires_grad)
         return kw
 
@@ -432,6 +466,21 @@ def _call(target: str, entry: str, args: Sequence[str], keywords: Sequence[str])
         else:
             lines.append(f"    {word},")
     return [*lines, ")"]
+
+
+def _far_logits(
+    q: torch.Tensor, k: torch.Tensor, rows: torch.Tensor, sign: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k (standard normal) made into ``overflow`` (``sign`` +1) or ``underflow`` (-1) values:
+    ``q_id = (1 + rows_i) c (1 + sigma x_id)`` and ``k_jd = sign c (1 + sigma y_jd)`` with
+    ``c^2 sqrt(D) = FAR_LOGIT``, so at the scale 1/sqrt(D) the logit of row i is
+    ``sign (1 + rows_i) FAR_LOGIT (1 + sigma (mean_d x + mean_d y) + ...)``: centre 1 to 2 times
+    FAR_LOGIT (``rows`` in [0, 1)), spread ``sigma sqrt(2/D) FAR_LOGIT = FAR_SPREAD`` (times the
+    row's factor), every logit more than ten spreads from the centre beyond +-88."""
+    d = q.shape[-1]
+    c = math.sqrt(FAR_LOGIT / math.sqrt(d))
+    sigma = FAR_SPREAD / (FAR_LOGIT * math.sqrt(2 / d))
+    return (1 + rows) * c * (1 + sigma * q), sign * c * (1 + sigma * k)
 
 
 def _to_device(view: torch.Tensor, device: str) -> torch.Tensor:

@@ -310,6 +310,9 @@ def huge_problems(draw, caps: Capabilities, axis: str, *, device: str, budget: i
         p = Problem(b=b, hq=hkv * group, hkv=hkv, nq=nq, nk=nk, **common)
     assume(huge_bytes(p) <= budget)
     reason = undeclared_reason(caps, p)
+    if reason is None and declared:  # the units it runs alone must be declared too
+        parts = units(p, caps.causal_alignment)
+        reason = next(filter(None, (undeclared_reason(caps, u.problem) for u in parts)), None)
     assume((reason is None) == declared)
     if not declared:
         assume(caps.max_elements is not None and reason.startswith("a tensor of"))

@@ -6,8 +6,13 @@ an explicit scale, a strided layout, a sequence length, a tile size): the kernel
 those with a clear error or answer them correctly.
 
 Sizes are bounded by :class:`Sizes`, chosen per run by conftest (profile, device, interpreter).
-Sequence lengths favour 1, small primes and values just off every tile multiple, so tails that
-do not fill a tile are drawn often.
+Sequence lengths favour 1 and small primes, and tile edges (:func:`edge_lengths`: a multiple of
+16, 64 or 128 and one off it, about a third of the draws), so full tiles and tails that do not
+fill a tile are both drawn often.
+
+Every problem a property runs goes through the kernel's declaration (:func:`declared`): the
+drawn one, or the one the property makes of it (``derive=``), and those it derives and runs
+too (``related=``).
 """
 
 from __future__ import annotations
@@ -108,16 +113,48 @@ def device_sizes(device: str, max_n: int | None = None) -> Sizes:
     return Sizes(max_n=max_n or 48, max_work=400_000)
 
 
+#: Tile widths whose multiples, and one off them, lengths favour: 16 (the MMA tile and the
+#: smallest block kernels use), 64 and 128 (the common query and key blocks).
+TILE_EDGES = (16, 64, 128)
+#: Small lengths drawn on purpose: one row, one-element tiles, primes that divide no tile.
+SMALL_LENGTHS = (1, 2, 3, 5, 7, 13)
+
+
+def tile_edges(min_n: int, max_n: int, multiple: int = 1) -> dict[int, list[int]]:
+    """Per tile width ``t`` of :data:`TILE_EDGES`: the lengths ``k t - 1, k t, k t + 1``
+    (``k >= 1``) in ``min_n..max_n`` that are multiples of ``multiple``; widths with none left
+    out (on the CPU's bound of 48, only 16's)."""
+    edges = {}
+    for t in TILE_EDGES:
+        near = sorted({k * t + o for k in range(1, max_n // t + 2) for o in (-1, 0, 1)})
+        near = [n for n in near if min_n <= n <= max_n and n % multiple == 0]
+        if near:
+            edges[t] = near
+    return edges
+
+
+def edge_lengths(min_n: int, max_n: int, multiple: int = 1) -> st.SearchStrategy[int] | None:
+    """A length at a tile edge (:func:`tile_edges`): a tile width first, each as likely (so a
+    multiple of 128, or one off it, is as likely as one of 16 where the bounds allow both),
+    then one of its lengths; ``None`` when no edge lies in ``min_n..max_n``."""
+    edges = tile_edges(min_n, max_n, multiple)
+    if not edges:
+        return None
+    return st.one_of(*(st.sampled_from(lengths) for lengths in edges.values()))
+
+
 def _seq_lens(max_n: int, min_n: int = 1, multiple: int = 1) -> st.SearchStrategy[int]:
-    """Sequence lengths in ``min_n..max_n``: 1, small primes, values next to tile multiples and
-    random ones; only multiples of ``multiple`` when the kernel declares a granularity."""
+    """Sequence lengths in ``min_n..max_n``, each branch as likely: small ones (1, small primes),
+    tile edges (:func:`edge_lengths`) and any; only multiples of ``multiple`` when the kernel
+    declares a granularity (tile edges among them)."""
+    edges = edge_lengths(min_n, max_n, multiple)
     if multiple > 1:
         low = max(1, -(-min_n // multiple))
-        return st.integers(low, max(low, max_n // multiple)).map(lambda i: i * multiple)
-    tiles = {16, 32, 64, *range(128, max_n + 2, 128)}
-    near_tiles = sorted({n for t in tiles for n in (t - 1, t + 1) if min_n <= n <= max_n})
-    special = [n for n in (1, 2, 3, 5, 7, 13, 17) if min_n <= n <= max_n] + near_tiles
-    return st.one_of(st.sampled_from(special), st.integers(min_n, max_n))
+        multiples = st.integers(low, max(low, max_n // multiple)).map(lambda i: i * multiple)
+        return multiples if edges is None else st.one_of(multiples, edges)
+    small = [n for n in SMALL_LENGTHS if min_n <= n <= max_n]
+    branches = ([st.sampled_from(small)] if small else []) + ([edges] if edges is not None else [])
+    return st.one_of(*branches, st.integers(min_n, max_n))
 
 
 def _dims(allowed, max_d: int) -> st.SearchStrategy[int]:
@@ -206,26 +243,53 @@ def candidate_problems(
     return p
 
 
+#: What a property makes of a drawn problem: the problem it runs (``derive``), its own condition
+#: on it (``where``) and the other problems it derives from it and runs too (``related``).
+Derive = Callable[[Problem], Problem]
+Where = Callable[[Problem], bool]
+Related = Callable[[Problem], Iterable[Problem]]
+
+
+def checked(
+    caps: Capabilities,
+    p: Problem,
+    *,
+    derive: Derive | None = None,
+    where: Where | None = None,
+    related: Related | None = None,
+    backward: bool = False,
+) -> Problem:
+    """The problem a property runs, made from draw ``p`` by ``derive`` (``p`` itself without),
+    when it meets ``where`` and the kernel declares it and each of ``related(it)``
+    (:func:`declared`); otherwise the draw is rejected."""
+    if derive is not None:
+        p = derive(p)
+    if where is not None and not where(p):
+        reject()
+    return declared(caps, p, related(p) if related is not None else (), backward=backward)
+
+
 @st.composite
 def problems(
     draw,
     caps: Capabilities,
     *,
-    where: Callable[[Problem], bool] | None = None,
-    related: Callable[[Problem], Iterable[Problem]] | None = None,
+    derive: Derive | None = None,
+    where: Where | None = None,
+    related: Related | None = None,
     **axes: Any,
 ) -> Problem:
     """A problem the kernel declares; ``axes`` pin or bound what is drawn, as for
     :func:`candidate_problems` (``device``, ``sizes``, ``dtypes``, ``causal``, ...).
 
-    ``where``: the property's own condition on the problem, checked before the declaration;
-    ``related``: the problems the property derives from it and runs too, which must be declared
-    as well. A property whose draws all meet ``where`` and fail the declaration is skipped,
-    naming the declaration (:meth:`Declarations.nothing_declared`)."""
+    ``derive``: what the property makes of the draw (the smallest tiles, Nq and Nk swapped, a
+    neutral variant setting), the problem it runs and the one returned; ``where``: the
+    property's own condition on that problem, checked before the declaration; ``related``: the
+    problems the property derives from it and runs too, which must be declared as well. A
+    property whose draws all meet ``where`` and fail the declaration is skipped, naming the
+    declaration (:meth:`Declarations.nothing_declared`)."""
     p = draw(candidate_problems(caps, **axes))
-    if where is not None and not where(p):
-        reject()
-    return declared(caps, p, related(p) if related is not None else ())
+    return checked(caps, p, derive=derive, where=where, related=related)
 
 
 AXES = ("dtype", "head_dim", "causal", "unequal", "gqa", "scale", "layout", "seqlen", "block_m", "block_n")

@@ -8,10 +8,12 @@ break:
     window       sides 0, 1, small, >= N, -1 (unbounded), asymmetric
     softcap      small caps that saturate tanh (0.5, 1) and large ones that barely bend it
     alibi        slopes 0, tiny, standard and large; per head and per batch element and head
-    sinks        very negative (no effect), positive (they dominate), mixed
-    varlen       1..12 sequences, lengths 0, 1, tile-adjacent and random, very unequal
-    kvcache      Nq 1..a few, cache lengths 0..capacity, declared page sizes, shuffled block
-                 tables with NaN-filled spare pages, num_splits 1..beyond the key blocks
+    sinks        very negative (no effect), positive (they dominate), mixed, and far above or
+                 far below every key logit of their head (``contract.problem.SINKS``)
+    varlen       1..12 sequences, lengths 0, 1, at tile edges and random, very unequal
+    kvcache      Nq 1..a few, capacities and cache lengths 0..capacity at tile edges, at page
+                 edges and random, declared page sizes, shuffled block tables with NaN-filled
+                 spare pages, num_splits 1..beyond the key blocks
 
 :func:`undeclared_variant_problems` steps outside the declaration along one variant axis, and
 :data:`MALFORMED` lists the malformed inputs every declared entry point must refuse.
@@ -19,12 +21,22 @@ break:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from flashprop.contract.problem import SINKS, KernelInputs, Problem
-from flashprop.harness.strategies import DEFAULT_SIZES, Sizes, candidate_problems, declared, problems
+from flashprop.harness.strategies import (
+    DEFAULT_SIZES,
+    Derive,
+    Related,
+    Sizes,
+    Where,
+    candidate_problems,
+    checked,
+    edge_lengths,
+    problems,
+)
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 
@@ -42,14 +54,20 @@ def _window_side(n: int) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from([-1, 0, 1, 2, n, n + 3]), st.integers(-1, max(n, 1)))
 
 
-def _lengths(max_n: int, multiple: int, min_n: int = 0) -> st.SearchStrategy[int]:
-    """Sequence lengths: 0, 1, tile-adjacent and random (multiples of ``multiple`` only)."""
+def _lengths(
+    max_n: int, multiple: int = 1, min_n: int = 0, special: tuple[int, ...] = (0, 1, 2)
+) -> st.SearchStrategy[int]:
+    """Lengths in ``min_n..max_n``, each branch as likely: the ``special`` ones, tile edges
+    (:func:`strategies.edge_lengths`) and any (multiples of ``multiple`` only)."""
+    edges = edge_lengths(max(min_n, 1), max_n, multiple)
     if multiple > 1:
-        return st.integers(min_n // multiple + (min_n % multiple > 0), max_n // multiple).map(
+        multiples = st.integers(min_n // multiple + (min_n % multiple > 0), max_n // multiple).map(
             lambda i: i * multiple
         )
-    special = [n for n in (0, 1, 2, 15, 16, 17, 31, 33) if min_n <= n <= max_n]
-    return st.one_of(st.sampled_from(special), st.integers(min_n, max_n))
+        return multiples if edges is None else st.one_of(multiples, edges)
+    special = tuple(n for n in special if min_n <= n <= max_n)
+    branches = ([st.sampled_from(special)] if special else []) + ([edges] if edges is not None else [])
+    return st.one_of(*branches, st.integers(min_n, max_n))
 
 
 @st.composite
@@ -113,14 +131,17 @@ def _decode(
     page = draw(st.sampled_from(kinds))
     nq = draw(st.one_of(st.just(1), st.integers(1, min(kv.max_queries, 8))))
     if page is None:
-        capacity = draw(st.integers(max(1, nq // 2), max(2, 2 * sizes.max_n)))
+        capacity = draw(_lengths(max(2, 2 * sizes.max_n), min_n=max(1, nq // 2), special=()))
     else:
         capacity = page * draw(st.integers(1, max(1, (2 * sizes.max_n) // page + 1)))
     b = draw(st.integers(1, max(sizes.max_batch, 3)))
-    lengths = tuple(
-        draw(st.one_of(st.sampled_from([0, capacity, min(nq, capacity)]), st.integers(0, capacity)))
-        for _ in range(b)
-    )
+    # empty, full, as many keys as queries; one off a page's end (a length that ends a page, or
+    # spills one key into the next)
+    special = [0, capacity, min(nq, capacity)]
+    if page is not None:
+        special += [n for k in range(1, capacity // page + 1) for n in (k * page - 1, k * page + 1)
+                    if 0 < n <= capacity]
+    lengths = tuple(draw(_lengths(capacity, special=tuple(special))) for _ in range(b))
     use_splits = (kv.max_splits > 1 and draw(st.booleans())) if splits is None else splits
     num_splits = (
         draw(st.one_of(st.sampled_from([1, 2, kv.max_splits]), st.integers(1, kv.max_splits)))
@@ -142,15 +163,19 @@ def variant_problems(
     modifiers: tuple[str, ...] = MODIFIERS,
     mode: str | None = None,
     dtypes: tuple[torch.dtype, ...] | None = None,
-    where: Callable[[Problem], bool] | None = None,
-    related: Callable[[Problem], Iterable[Problem]] | None = None,
+    causal: bool | None = None,
+    derive: Derive | None = None,
+    where: Where | None = None,
+    related: Related | None = None,
 ) -> Problem:
     """A declared problem that uses ``variant``; other declared ``modifiers`` join at random.
 
     ``mode`` pins the entry point (``dense``, ``varlen``, ``kvcache``; default: drawn among the
     declared ones, or the one ``variant`` names); ``backward`` draws only problems whose
-    gradients the kernel declares; ``where`` and ``related`` as for :func:`problems` (the
-    property's own condition, checked first; the problems it derives, declared too)."""
+    gradients the kernel declares; ``dtypes`` and ``causal`` as for :func:`candidate_problems`;
+    ``derive``, ``where`` and ``related`` as for :func:`problems` (the problem the property
+    runs, made from the draw; its own condition on it; the problems it derives from it and
+    runs too, every one declared)."""
     if not caps.declares_variant(variant):
         raise ValueError(f"variant {variant!r} is not declared")
     if mode is None:
@@ -163,7 +188,7 @@ def variant_problems(
                 + (["kvcache"] if caps.kvcache is not None and not backward else [])
             )
             mode = draw(st.sampled_from(modes))
-    base: Problem = draw(candidate_problems(caps, device=device, sizes=sizes, dtypes=dtypes))
+    base: Problem = draw(candidate_problems(caps, device=device, sizes=sizes, dtypes=dtypes, causal=causal))
     if mode == "varlen":
         base = draw(_varlen(caps, base, sizes))
     elif mode == "kvcache":
@@ -179,9 +204,7 @@ def variant_problems(
         )
     required = variant if variant in MODIFIERS else None
     p = draw(_modifiers(caps, base, required, modifiers))
-    if where is not None and not where(p):
-        reject()
-    return declared(caps, p, related(p) if related is not None else (), backward=backward)
+    return checked(caps, p, derive=derive, where=where, related=related, backward=backward)
 
 
 # ------------------------------------------------------------------------- the error contract

@@ -16,7 +16,7 @@ import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from flashprop.contract.problem import Problem
 from flashprop.harness.strategies import Sizes
-from flashprop.harness.tolerance import budget
+from flashprop.harness.tolerance import budget, conditioning
 from flashprop.harness.variant_problems import VARIANTS, variant_problems
 from flashprop.refimpl import attention_golden, attention_golden_backward
 from flashprop.refimpl.layouts import kvcache_golden, varlen_golden, varlen_golden_backward
@@ -72,13 +72,17 @@ def definition(q, k, v, *, causal, scale, window_size=None, softcap=0.0, alibi_s
     return p @ v, lse
 
 
-def _close(name: str, got: torch.Tensor, want: torch.Tensor, magnitude: float | None = None) -> None:
+def _close(name: str, got: torch.Tensor, want: torch.Tensor, magnitude: float | None = None,
+           logits: float = 0.0) -> None:
+    """``got`` within the float64 floor of ``want``; ``logits``: the problem's raw logit size
+    (:func:`harness.tolerance.conditioning`), which the rounding of ``exp`` scales with."""
     got, want = got.detach().to(F64), want.detach().to(F64)
     assert torch.equal(torch.isinf(got), torch.isinf(want)), f"{name}: inf pattern differs"
     finite = torch.isfinite(want)
     size = float(want[finite].abs().max()) if finite.any() else 0.0
     limit = budget(
-        name if name in ("o", "lse") else "dq", F64, 0.0, size if magnitude is None else magnitude, size
+        name if name in ("o", "lse") else "dq", F64, 0.0, size if magnitude is None else magnitude,
+        max(size, logits),
     )[0]
     err = float((got - want)[finite].abs().max()) if finite.any() else 0.0
     assert err <= limit, f"{name}: max|golden - definition| = {err:.3e} > float64 floor {limit:.3e}"
@@ -92,12 +96,13 @@ def _dense_check(p: Problem, q, k, v, do, kw) -> None:
     wrt = [qd, kd, vd] + ([zd] if zd is not None else [])
     grads = torch.autograd.grad(o, wrt, do.to(F64))
     go, glse = attention_golden(q, k, v, causal=p.causal, scale=p.scale, **kw)
-    _close("o", go, o)
-    _close("lse", glse, lse)
+    logits = conditioning(p).raw_logits
+    _close("o", go, o, logits=logits)
+    _close("lse", glse, lse, logits=logits)
     golden_grads = attention_golden_backward(q, k, v, do, causal=p.causal, scale=p.scale, bounds=True, **kw)
     n = len(wrt)
     for name, g, want, bound in zip(("dq", "dk", "dv", "dsinks"), golden_grads[:n], grads, golden_grads[n:]):
-        _close(name, g, want, float(bound.abs().max()) if bound.numel() else 0.0)
+        _close(name, g, want, float(bound.abs().max()) if bound.numel() else 0.0, logits)
 
 
 @settings(max_examples=40)
@@ -142,13 +147,14 @@ def test_varlen_golden_is_the_definition_per_sequence(p: Problem):
             for t, sl in ((q, sq), (k, sk), (v, sk))
         )
         od, lsed = definition(qd, kd, vd, causal=p.causal, scale=seq.effective_scale, **kws)
-        _close("o", o[sq], od[0].transpose(0, 1))
-        _close("lse", lse[:, sq], lsed[0])
+        logits = conditioning(p).raw_logits
+        _close("o", o[sq], od[0].transpose(0, 1), logits=logits)
+        _close("lse", lse[:, sq], lsed[0], logits=logits)
         if od.numel():
             dq, dk, dv = torch.autograd.grad(od, (qd, kd, vd), p.grad_output()[sq].transpose(0, 1)[None])
-            _close("dq", grads[0][sq], dq[0].transpose(0, 1), bound["dq"])
-            _close("dk", grads[1][sk], dk[0].transpose(0, 1), bound["dk"])
-            _close("dv", grads[2][sk], dv[0].transpose(0, 1), bound["dv"])
+            _close("dq", grads[0][sq], dq[0].transpose(0, 1), bound["dq"], logits)
+            _close("dk", grads[1][sk], dk[0].transpose(0, 1), bound["dk"], logits)
+            _close("dv", grads[2][sk], dv[0].transpose(0, 1), bound["dv"], logits)
 
 
 @settings(max_examples=25)
@@ -172,5 +178,5 @@ def test_kvcache_golden_is_the_definition_on_the_valid_cache(p: Problem):
             scale=p.effective_scale,
             **kws,
         )
-        _close("o", o[b], od[0].transpose(0, 1))
-        _close("lse", lse[b], lsed[0])
+        _close("o", o[b], od[0].transpose(0, 1), logits=conditioning(p).raw_logits)
+        _close("lse", lse[b], lsed[0], logits=conditioning(p).raw_logits)

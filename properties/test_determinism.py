@@ -57,8 +57,7 @@ def _many_tiles(caps, device, sizes):
     a scheduling-dependent order would show)."""
     smallest = {name: min(tiles) for name, tiles in (("block_m", caps.block_m), ("block_n", caps.block_n))
                 if tiles}
-    return problems(caps, device=device, sizes=sizes).map(lambda p: p.replace(**smallest)).filter(
-        lambda p: caps.unsupported_reason(p) is None)
+    return problems(caps, device=device, sizes=sizes, derive=lambda p: p.replace(**smallest))
 
 
 def test_forward_bitwise_reproducible(kernel, device, sizes):

@@ -8,6 +8,8 @@
   no key) agrees with ``num_splits=1``.
 
 Two runs are compared within the sum of their tolerance-model budgets (harness.agreement).
+Every problem a property runs, the other layout, the prefills and ``num_splits=1`` too, is one
+the kernel declares (``related=``): a draw whose derived problem is undeclared is not run.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from flashprop.contract.registry import Kernel
 from flashprop.harness.agreement import assert_agree, budgets, references_on, restrict, total
 from flashprop.harness.check import Outputs, run_kernel, run_property
 from flashprop.harness.variant_problems import variant_problems
-from hypothesis import strategies as st
 
 
 def _pairs(a: Outputs, b: Outputs) -> list:
@@ -30,21 +31,31 @@ def _twice(p: Problem, refs) -> dict[str, float]:
     return total(*[budgets(p.dtype, refs)] * 2)
 
 
-def _other_layout(kernel: Kernel, p: Problem) -> Problem | None:
-    """The same cache in another declared layout: contiguous, else another page size."""
+def _other_layouts(kernel: Kernel, p: Problem) -> list[Problem]:
+    """The same cache in the other declared layouts that hold it: contiguous, then the other
+    page sizes that divide its capacity."""
     kv = kernel.capabilities.kvcache
     options = ([None] if kv.contiguous else []) + [s for s in kv.page_sizes if s != p.page_size]
-    for size in options:
-        if size is None or p.nk % size == 0:
-            return p.replace(page_size=size)
-    return None
+    return [p.replace(page_size=size) for size in options if size is None or p.nk % size == 0]
+
+
+def _other_layout(kernel: Kernel, p: Problem) -> Problem:
+    """The layout ``p`` is compared with: the first of :func:`_other_layouts` the kernel
+    declares (a ``Limit`` may rule some out), else the first (which the declaration refuses)."""
+    others = _other_layouts(kernel, p)
+    return next((o for o in others if kernel.capabilities.unsupported_reason(o) is None), others[0])
 
 
 def test_paged_equals_contiguous(kernel, device, sizes):
-    """A paged cache behind a shuffled block table gives what the same keys give contiguously."""
+    """A paged cache behind a shuffled block table gives what the same keys give contiguously
+    (or in another declared page size)."""
     caps = kernel.capabilities
     if not caps.declares_variant("paged"):
         pytest.skip(f"kernel {kernel.name} does not declare a paged KV cache")
+    kv = caps.kvcache
+    if not kv.contiguous and len(kv.page_sizes) < 2:
+        pytest.skip(f"kernel {kernel.name} declares one cache layout only (page_size {kv.page_sizes[0]}, "
+                    "no contiguous cache): there is no other layout to compare it with")
     prop = "paged-equals-contiguous"
 
     def check(kernel: Kernel, p: Problem) -> None:
@@ -53,9 +64,9 @@ def test_paged_equals_contiguous(kernel, device, sizes):
         what = f"page_size {p.page_size} against {other.page_size or 'a contiguous cache'}"
         assert_agree(kernel, p, prop, what, _pairs(a, b), _twice(p, references_on(kernel, p)))
 
-    strategy = variant_problems(caps, "paged", device=device, sizes=sizes).filter(
-        lambda p: _other_layout(kernel, p) is not None
-    )
+    strategy = variant_problems(caps, "paged", device=device, sizes=sizes,
+                                where=lambda p: bool(_other_layouts(kernel, p)),
+                                related=lambda p: [_other_layout(kernel, p)])
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -78,10 +89,8 @@ def test_decode_consistency(kernel, device, sizes):
         refs = references_on(kernel, p)
         q, k, v, _ = p.logical()
         g = torch.Generator().manual_seed(p.seed + 4)
-        for b, length in enumerate(p.cache):
-            prefill = p.replace(b=1, nq=length, nk=length, cache=None, page_size=None, num_splits=None)
-            if length < p.nq or caps.unsupported_reason(prefill) is not None:
-                continue
+        for b, prefill in _prefills(p).items():
+            length = prefill.nq
             earlier = torch.randn(1, p.hq, length - p.nq, p.d, generator=g, dtype=q.dtype)
             qb = torch.cat([earlier, q[b : b + 1]], dim=2)
             tensors = tuple(
@@ -108,12 +117,16 @@ def test_decode_consistency(kernel, device, sizes):
             what = f"batch element {b}: decode of the last {p.nq} of {length} tokens against the prefill"
             assert_agree(kernel, p, prop, what, _pairs(row, last), limits)
 
-    strategy = variant_problems(caps, "kvcache", device=device, sizes=sizes).map(
-        lambda p: p.replace(causal=True)
-    )
-    run_property(
-        kernel, prop, strategy.filter(lambda p: caps.unsupported_reason(p) is None), check, weight=0.5
-    )
+    strategy = variant_problems(caps, "kvcache", device=device, sizes=sizes, causal=True,
+                                where=lambda p: bool(_prefills(p)), related=lambda p: _prefills(p).values())
+    run_property(kernel, prop, strategy, check, weight=0.5)
+
+
+def _prefills(p: Problem) -> dict[int, Problem]:
+    """Per batch element b whose cache holds at least its Nq queries: the causal prefill of its
+    ``cache_seqlens[b]`` tokens through the dense entry point (one sequence, same variants)."""
+    return {b: p.replace(b=1, nq=length, nk=length, cache=None, page_size=None, num_splits=None)
+            for b, length in enumerate(p.cache) if length >= p.nq}
 
 
 def test_split_kv_invariance(kernel, device, sizes):
@@ -136,8 +149,11 @@ def test_split_kv_invariance(kernel, device, sizes):
             _twice(p, references_on(kernel, p)),
         )
 
-    many = st.sampled_from([caps.kvcache.max_splits] if caps.kvcache else [1])
-    strategy = st.tuples(
-        variant_problems(caps, "splits", device=device, sizes=sizes), st.booleans(), many
-    ).map(lambda t: t[0].replace(num_splits=t[2]) if t[1] else t[0])
+    # half the draws at max_splits: more splits than key blocks (the variant's own draws reach
+    # it a sixth of the time)
+    strategy = variant_problems(
+        caps, "splits", device=device, sizes=sizes,
+        derive=lambda p: p.replace(num_splits=caps.kvcache.max_splits) if p.seed % 2 else p,
+        related=lambda p: [p.replace(num_splits=1)],
+    )
     run_property(kernel, prop, strategy, check, weight=0.5)

@@ -104,7 +104,8 @@ def test_batch_independence(kernel, device, sizes):
             limits = total(*[budgets(p.dtype, restrict(refs, idx))] * 2)
             assert_agree(kernel, p, prop, f"batch element {i} run alone", pairs(full, alone, idx), limits)
 
-    strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.b >= 2)
+    strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.b >= 2,
+                        related=lambda p: [p.replace(b=1)])
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -123,13 +124,19 @@ def test_head_independence(kernel, device, sizes):
         for j in range(p.hkv):
             qi = (slice(None), slice(j * g, (j + 1) * g))
             ki = (slice(None), slice(j, j + 1))
-            alone = run_kernel(kernel, p.replace(hq=g, hkv=1), prop, inputs=(q[qi], k[ki], v[ki]))
+            alone = run_kernel(kernel, _one_kv_head(p), prop, inputs=(q[qi], k[ki], v[ki]))
             limits = total(*[budgets(p.dtype, restrict(refs, qi))] * 2)
             what = f"kv head {j} with query heads {j * g}..{(j + 1) * g - 1} run alone"
             assert_agree(kernel, p, prop, what, pairs(full, alone, qi), limits)
 
-    strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.hkv >= 2)
+    strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.hkv >= 2,
+                        related=lambda p: [_one_kv_head(p)])
     run_property(kernel, prop, strategy, check, weight=0.5)
+
+
+def _one_kv_head(p: Problem) -> Problem:
+    """One kv head of ``p`` with its group of query heads, as a problem of its own."""
+    return p.replace(hq=p.hq // p.hkv, hkv=1)
 
 
 def _future_rows(kernel: Kernel, p: Problem) -> tuple[int, int]:

@@ -3,8 +3,9 @@
 - empty rows (causal, bottom-right, Nq > Nk): the first Nq - Nk rows see no key, so o = 0 and
   dq = 0 exactly, lse = -inf, and no NaN anywhere (0/0 and -inf - -inf are the usual culprits);
 - a single query or key (N = 1): one-element softmax, one-row tiles;
-- extreme logits ("large": logits of order +-100, "negative": every logit very negative): o
-  stays finite (the running max must be subtracted before exp);
+- extreme logits ("large": logits of order +-100, "negative": every logit very negative,
+  "overflow" / "underflow": every logit of a row above +88 / below -88, beyond float32 exp's
+  range): o stays finite (the running max must be subtracted before exp);
 - NaN-poisoned views ("sliced", "strided": NaN in every neighbouring element) with lengths that
   are not multiples of the tile: an out-of-bounds read of a tile tail turns into NaN in o;
 - odd head dims (1, 40, 72, 80, 96, 200): padded head-dim loads and masks.
@@ -27,11 +28,13 @@ from flashprop.harness.check import (
     run_kernel,
     run_property,
 )
-from flashprop.harness.strategies import Sizes, problems
-from hypothesis import assume
+from flashprop.harness.strategies import Sizes, candidate_problems, declared, problems
 from hypothesis import strategies as st
 
 ODD_HEAD_DIMS = (1, 40, 72, 80, 96, 200)
+#: Value distributions of the extreme-logits property (contract/problem.py): logits of order
+#: +-100, every logit very negative, every logit of a row above +88 or below -88.
+EXTREME_DISTRIBUTIONS = ("large", "negative", "overflow", "underflow")
 #: Lengths that are not a multiple of 16 are not a multiple of any power-of-two tile >= 16.
 COMMON_TILE = 16
 
@@ -87,9 +90,8 @@ def test_empty_rows(kernel, device, sizes):
             raise PropertyFailure(failure(kernel, p, prop, bad, backward=out.dq is not None))
         assert_close_to_golden(kernel, p, prop, out, names)
 
-    strategy = problems(caps, device=device, sizes=sizes, causal=True, unequal=True).map(
-        lambda p: p.replace(nq=max(p.nq, p.nk), nk=min(p.nq, p.nk))).filter(
-        lambda p: caps.unsupported_reason(p) is None)
+    strategy = problems(caps, device=device, sizes=sizes, causal=True, unequal=True,
+                        derive=lambda p: p.replace(nq=max(p.nq, p.nk), nk=min(p.nq, p.nk)))
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -98,11 +100,9 @@ def test_empty_rows(kernel, device, sizes):
 
 @st.composite
 def _single_token(draw, caps: Capabilities, device: str, sizes: Sizes) -> Problem:
-    p = draw(problems(caps, device=device, sizes=sizes))
+    p = draw(candidate_problems(caps, device=device, sizes=sizes))
     side = draw(st.sampled_from(("q", "k", "both") if caps.unequal_lengths else ("both",)))
-    p = p.replace(nq=p.nq if side == "k" else 1, nk=p.nk if side == "q" else 1)
-    assume(caps.unsupported_reason(p) is None)
-    return p
+    return declared(caps, p.replace(nq=p.nq if side == "k" else 1, nk=p.nk if side == "q" else 1))
 
 
 def test_single_token(kernel, device, sizes):
@@ -116,7 +116,8 @@ def test_single_token(kernel, device, sizes):
 
 
 def test_extreme_logits(kernel, device, sizes):
-    """Logits of order +-100 ("large") or all very negative ("negative"): o is finite everywhere
+    """Logits of order +-100 ("large"), all very negative ("negative"), or every logit of a row
+    above +88 or below -88 ("overflow", "underflow"): o is finite everywhere
     (exp overflows or every term underflows unless the row max is subtracted), and o and lse
     agree with the golden."""
     prop = "extreme-logits"
@@ -130,7 +131,7 @@ def test_extreme_logits(kernel, device, sizes):
                                                             f"first at {at}"]))
         assert_close_to_golden(kernel, p, prop, out, ("o", "lse"))
 
-    strategy = problems(kernel.capabilities, device=device, sizes=sizes, dists=("large", "negative"))
+    strategy = problems(kernel.capabilities, device=device, sizes=sizes, dists=EXTREME_DISTRIBUTIONS)
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
@@ -159,7 +160,7 @@ def test_poisoned_views(kernel, device, sizes):
 
 @st.composite
 def _odd_head_dim(draw, caps: Capabilities, device: str, sizes: Sizes, dims: list[int]) -> Problem:
-    p = draw(problems(caps, device=device, sizes=sizes))
+    p = draw(candidate_problems(caps, device=device, sizes=sizes))
     d = draw(st.sampled_from(dims))
     dv = d if caps.dv_equals_d else draw(st.sampled_from((d, p.dv)))
     p = p.replace(d=d, dv=dv)
@@ -167,8 +168,7 @@ def _odd_head_dim(draw, caps: Capabilities, device: str, sizes: Sizes, dims: lis
         p = p.replace(b=1, hq=p.hq // p.hkv, hkv=1)
     while p.hq * p.nq * p.nk * max(d, dv) > sizes.max_work:
         p = p.replace(nq=max(1, p.nq // 2), nk=max(1, p.nk // 2))
-    assume(caps.unsupported_reason(p) is None)
-    return p
+    return declared(caps, p)
 
 
 def test_odd_head_dims(kernel, device, sizes):

@@ -9,7 +9,10 @@
   exp(lse_without - lse)``.
 
 Two runs are compared within the sum of their tolerance-model budgets plus, where the exact
-answers differ (softcap-huge), the difference of the two float64 goldens.
+answers differ (softcap-huge), the difference of the two float64 goldens. Both problems an
+identity runs are the kernel's declared ones: the strategy draws the first (``derive``: the
+neutral setting put on the draw) and declares its twin (``related``), so a ``Limit`` on either
+keeps the pair from running (and a property whose every pair is ruled out skips, naming it).
 """
 
 from __future__ import annotations
@@ -54,12 +57,22 @@ def _compare_runs(
     assert_agree(kernel, p, prop, what, _pairs(a, b), limits)
 
 
-def _strategy(kernel: Kernel, device: str, sizes: Sizes, variant: str,
-              related: Callable[[Problem], list[Problem]]) -> st.SearchStrategy[Problem]:
-    """Problems using ``variant`` alone, with the problems the identity compares them to
-    (``related``) declared too."""
+def _strategy(kernel: Kernel, device: str, sizes: Sizes, variant: str, derive: Callable[[Problem], Problem],
+              twin: Callable[[Problem], Problem]) -> st.SearchStrategy[Problem]:
+    """Problems using ``variant`` alone, at the setting the identity runs (``derive``), whose
+    ``twin`` (the problem the identity compares them with) is declared too."""
     return variant_problems(kernel.capabilities, variant, device=device, sizes=sizes, modifiers=(variant,),
-                            related=related)
+                            derive=derive, related=lambda p: [twin(p)])
+
+
+def _no_window(p: Problem) -> Problem:
+    return p.replace(window=None)
+
+
+def _wide_window(p: Problem) -> Problem:
+    """A window at least Nq + Nk wide on the left and, on the right, as wide or unbounded."""
+    wide = p.nq + p.nk
+    return p.replace(window=(wide, wide if p.seed % 2 else -1))
 
 
 def test_window_wider_than_sequence(kernel, device, sizes):
@@ -68,22 +81,10 @@ def test_window_wider_than_sequence(kernel, device, sizes):
     prop = "window-wide"
 
     def check(kernel: Kernel, p: Problem) -> None:
-        wide = p.nq + p.nk
-        twin = p.replace(window=None)
-        _compare_runs(
-            kernel,
-            p.replace(window=(wide, wide if p.seed % 2 else -1)),
-            twin,
-            prop,
-            f"window ({wide}, ...) against none",
-        )
+        _compare_runs(kernel, p, _no_window(p), prop, f"window {p.window} against none")
 
     run_property(
-        kernel,
-        prop,
-        _strategy(kernel, device, sizes, "window", lambda p: [p.replace(window=None)]),
-        check,
-        weight=0.5,
+        kernel, prop, _strategy(kernel, device, sizes, "window", _wide_window, _no_window), check, weight=0.5
     )
 
 
@@ -94,23 +95,15 @@ def test_window_left_unbounded_right_zero_is_causal(kernel, device, sizes):
         pytest.skip(f"kernel {kernel.name} does not declare causal")
     prop = "window-causal"
 
-    def check(kernel: Kernel, p: Problem) -> None:
-        _compare_runs(
-            kernel,
-            p.replace(window=(-1, 0), causal=False),
-            p.replace(window=None, causal=True),
-            prop,
-            "window (-1, 0) against causal=True",
-        )
+    def causal(p: Problem) -> Problem:
+        return p.replace(window=None, causal=True)
 
-    run_property(
-        kernel,
-        prop,
-        _strategy(kernel, device, sizes, "window", lambda p: [
-            p.replace(window=None, causal=True), p.replace(window=(-1, 0), causal=False)]),
-        check,
-        weight=0.5,
-    )
+    def check(kernel: Kernel, p: Problem) -> None:
+        _compare_runs(kernel, p, causal(p), prop, "window (-1, 0) against causal=True")
+
+    strategy = _strategy(kernel, device, sizes, "window", lambda p: p.replace(window=(-1, 0), causal=False),
+                         causal)
+    run_property(kernel, prop, strategy, check, weight=0.5)
 
 
 def test_huge_softcap_is_no_softcap(kernel, device, sizes):
@@ -118,23 +111,14 @@ def test_huge_softcap_is_no_softcap(kernel, device, sizes):
     _require(kernel, "softcap")
     prop = "softcap-huge"
 
-    def check(kernel: Kernel, p: Problem) -> None:
-        _compare_runs(
-            kernel,
-            p.replace(softcap=HUGE_SOFTCAP),
-            p.replace(softcap=0.0),
-            prop,
-            f"softcap {HUGE_SOFTCAP:g} against none",
-            exact_gap=True,
-        )
+    def plain(p: Problem) -> Problem:
+        return p.replace(softcap=0.0)
 
-    run_property(
-        kernel,
-        prop,
-        _strategy(kernel, device, sizes, "softcap", lambda p: [p.replace(softcap=0.0)]),
-        check,
-        weight=0.5,
-    )
+    def check(kernel: Kernel, p: Problem) -> None:
+        _compare_runs(kernel, p, plain(p), prop, f"softcap {HUGE_SOFTCAP:g} against none", exact_gap=True)
+
+    strategy = _strategy(kernel, device, sizes, "softcap", lambda p: p.replace(softcap=HUGE_SOFTCAP), plain)
+    run_property(kernel, prop, strategy, check, weight=0.5)
 
 
 def test_zero_alibi_slopes_are_no_alibi(kernel, device, sizes):
@@ -142,31 +126,23 @@ def test_zero_alibi_slopes_are_no_alibi(kernel, device, sizes):
     _require(kernel, "alibi")
     prop = "alibi-zero"
 
+    def plain(p: Problem) -> Problem:
+        return p.replace(alibi=None)
+
     def check(kernel: Kernel, p: Problem) -> None:
-        _compare_runs(
-            kernel,
-            p.replace(alibi=(p.alibi[0], 0.0)),
-            p.replace(alibi=None),
-            prop,
-            "zero slopes against no ALiBi",
-        )
+        _compare_runs(kernel, p, plain(p), prop, "zero slopes against no ALiBi")
 
-    run_property(
-        kernel,
-        prop,
-        _strategy(kernel, device, sizes, "alibi", lambda p: [p.replace(alibi=None)]),
-        check,
-        weight=0.5,
-    )
+    strategy = _strategy(kernel, device, sizes, "alibi", lambda p: p.replace(alibi=(p.alibi[0], 0.0)), plain)
+    run_property(kernel, prop, strategy, check, weight=0.5)
 
 
-def _with_sinks(kernel: Kernel, p: Problem, prop: str, z: torch.Tensor | None) -> Outputs:
-    inp = p.kernel_inputs()
-    if z is None:
-        del inp.kwargs["sinks"]
-    else:
-        inp.kwargs["sinks"] = z
-    return run_kernel(kernel, p, prop, inputs=inp)
+def _no_sinks(p: Problem) -> Problem:
+    return p.replace(sinks=None)
+
+
+def _sinks_strategy(kernel: Kernel, device: str, sizes: Sizes) -> st.SearchStrategy[Problem]:
+    """Problems with sinks alone whose twin without sinks is declared too."""
+    return _strategy(kernel, device, sizes, "sinks", lambda p: p, _no_sinks)
 
 
 def test_sinks_at_minus_infinity_are_no_sinks(kernel, device, sizes):
@@ -175,19 +151,13 @@ def test_sinks_at_minus_infinity_are_no_sinks(kernel, device, sizes):
     prop = "sinks-neg-inf"
 
     def check(kernel: Kernel, p: Problem) -> None:
-        z = torch.full_like(p.variant_kwargs()["sinks"], float("-inf"))
-        a, b = _with_sinks(kernel, p, prop, z), _with_sinks(kernel, p, prop, None)
-        plain = p.replace(sinks=None)
-        limits = total(*[budgets(p.dtype, references_on(kernel, plain))] * 2)
+        inp = p.kernel_inputs()
+        inp.kwargs["sinks"] = torch.full_like(inp.kwargs["sinks"], float("-inf"))
+        a, b = run_kernel(kernel, p, prop, inputs=inp), run_kernel(kernel, _no_sinks(p), prop)
+        limits = total(*[budgets(p.dtype, references_on(kernel, _no_sinks(p)))] * 2)
         assert_agree(kernel, p, prop, "sinks at -inf against none", _pairs(a, b), limits)
 
-    run_property(
-        kernel,
-        prop,
-        _strategy(kernel, device, sizes, "sinks", lambda p: [p.replace(sinks=None)]),
-        check,
-        weight=0.5,
-    )
+    run_property(kernel, prop, _sinks_strategy(kernel, device, sizes), check, weight=0.5)
 
 
 def test_sinks_shift_lse_by_logaddexp(kernel, device, sizes):
@@ -199,7 +169,7 @@ def test_sinks_shift_lse_by_logaddexp(kernel, device, sizes):
 
     def check(kernel: Kernel, p: Problem) -> None:
         z = p.variant_kwargs()["sinks"].detach()
-        a, b = run_kernel(kernel, p, prop), _with_sinks(kernel, p, prop, None)
+        a, b = run_kernel(kernel, p, prop), run_kernel(kernel, _no_sinks(p), prop)
         shape = [1] * b.lse.dim()
         shape[-2 if p.mode != "varlen" else 0] = -1
         lse = torch.logaddexp(b.lse.double(), z.double().view(shape))
@@ -211,17 +181,11 @@ def test_sinks_shift_lse_by_logaddexp(kernel, device, sizes):
         )
         derived = Outputs(torch.where(torch.isfinite(factor), b.o.double() * factor, 0.0), lse)
         refs = references_on(kernel, p)
-        limits = total(budgets(p.dtype, refs), budgets(p.dtype, references_on(kernel, p.replace(sinks=None))))
+        limits = total(budgets(p.dtype, refs), budgets(p.dtype, references_on(kernel, _no_sinks(p))))
         # o_without * exp(lse_without - lse) carries the lse errors too, times |o| (factor <= 1)
         limits["o"] += limits["lse"] * float(refs[0].o.abs().max()) if refs[0].o.numel() else 0.0
         assert_agree(
             kernel, p, prop, "o and lse with sinks derived from the run without", _pairs(a, derived), limits
         )
 
-    run_property(
-        kernel,
-        prop,
-        _strategy(kernel, device, sizes, "sinks", lambda p: [p.replace(sinks=None)]),
-        check,
-        weight=0.5,
-    )
+    run_property(kernel, prop, _sinks_strategy(kernel, device, sizes), check, weight=0.5)

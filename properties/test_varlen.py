@@ -52,11 +52,11 @@ def test_varlen_sequence_alone(kernel, device, sizes):
         packed = run_kernel(kernel, p, prop, inputs=inp)
         refs = references_on(kernel, p)
         q, k, v, cu_q, cu_k = inp.args[:5]
+        alone_problems = _alone(p)
         for s, (sq, sk) in enumerate(sequence_slices(cu_q, cu_k)):
-            nq, nk = sq.stop - sq.start, sk.stop - sk.start
-            alone_p = p.replace(b=1, nq=nq, nk=nk, seqlens=None)
-            if nq == 0 or nk == 0 or caps.unsupported_reason(alone_p) is not None:
+            if s not in alone_problems:
                 continue
+            alone_p = alone_problems[s]
             dense = tuple(t[sl].transpose(0, 1)[None] for t, sl in ((q, sq), (k, sk), (v, sk)))
             kw = sequence_kwargs(inp.kwargs, s)
             if p.alibi is not None and p.alibi[0] == "batch-head":  # its row, as (B=1, Hq)
@@ -66,9 +66,25 @@ def test_varlen_sequence_alone(kernel, device, sizes):
             what = f"sequence {s} (tokens q {sq.start}:{sq.stop}, k {sk.start}:{sk.stop}) run alone densely"
             assert_agree(kernel, p, prop, what, _pairs(_rows(packed, sq), alone), _limits(p, refs, sq))
 
-    run_property(
-        kernel, prop, variant_problems(caps, "varlen", device=device, sizes=sizes), check, weight=0.5
-    )
+    strategy = variant_problems(caps, "varlen", device=device, sizes=sizes,
+                                related=lambda p: _alone(p).values())
+    run_property(kernel, prop, strategy, check, weight=0.5)
+
+
+def _alone(p: Problem) -> dict[int, Problem]:
+    """Per sequence s of the pack with queries and keys: s alone as a dense problem (B = 1)."""
+    return {s: p.replace(b=1, nq=nq, nk=nk, seqlens=None)
+            for s, (nq, nk) in enumerate(p.seqlens) if nq and nk}
+
+
+def _order(p: Problem) -> list[int]:
+    """The order varlen-permutation packs ``p``'s sequences in (from the seed)."""
+    return torch.randperm(p.b, generator=torch.Generator().manual_seed(p.seed)).tolist()
+
+
+def _repacked(p: Problem) -> Problem:
+    """``p`` with its sequences packed in :func:`_order`."""
+    return p.replace(seqlens=tuple(p.seqlens[s] for s in _order(p)))
 
 
 def _permuted(inp: KernelInputs, order: list[int]) -> tuple[KernelInputs, list[slice]]:
@@ -102,10 +118,10 @@ def test_varlen_permutation(kernel, device, sizes):
 
     def check(kernel: Kernel, p: Problem) -> None:
         inp = p.kernel_inputs()
-        order = torch.randperm(p.b, generator=torch.Generator().manual_seed(p.seed)).tolist()
+        order = _order(p)
         perm_inp, where = _permuted(inp, order)
         a = run_kernel(kernel, p, prop, inputs=inp)
-        b = run_kernel(kernel, p, prop, inputs=perm_inp)
+        b = run_kernel(kernel, _repacked(p), prop, inputs=perm_inp)
         refs = references_on(kernel, p)
         for s, (sq, _) in enumerate(sequence_slices(inp.args[3], inp.args[4])):
             what = f"sequences packed in order {order}; sequence {s} compared"
@@ -114,7 +130,7 @@ def test_varlen_permutation(kernel, device, sizes):
             )
 
     strategy = variant_problems(kernel.capabilities, "varlen", device=device, sizes=sizes,
-                                where=lambda p: p.b >= 2)
+                                where=lambda p: p.b >= 2, related=lambda p: [_repacked(p)])
     run_property(kernel, prop, strategy, check, weight=0.5)
 
 
