@@ -429,6 +429,61 @@ MUTANTS: tuple[Mutant, ...] = (
         "The learnable sinks' gradient has the wrong sign (d lse / d z = +p_sink, but d o / d z = "
         "-p_sink * o): training pushes the sinks the wrong way.",
     ),
+    # ------------------------------------- blocked intermediate precision (refimpl/blocked.py)
+    Mutant(
+        "blocked_softcap_low_precision",
+        BLOCKED,
+        "                s, _ = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk, "
+        "var, h)\n",
+        "                s, _ = _scores(qi, kj, scale, rows, cols[: kj.shape[1]], causal, offset, nk, "
+        "var, h)\n"
+        "                if var.softcap:  # the capped logits kept in the input dtype (-inf stays -inf)\n"
+        "                    s = s.to(q.dtype).to(acc_t)\n",
+        "softcap in the input dtype",
+        "The forward's soft-capped logits cap * tanh(s / cap) are rounded to the input dtype "
+        "(fp16/bf16) before the softmax, as a score modifier applied to 16-bit scores does: each "
+        "logit moves by about eps * |s|, invisible at fp32 and to a 16-bit yardstick that rounds "
+        "the same way. Gemma-2-style softcap ported onto half-precision scores (the fused "
+        "kernels cap the float32 accumulator; FlexAttention's score_mod runs on float32 scores).",
+    ),
+    Mutant(
+        "blocked_split_partials_low_precision",
+        BLOCKED,
+        "        o_i, lse_i = _forward(q, k, v, causal, scale, block_m, block_n, run, keys, "
+        "_acc_dtype(q.dtype))\n",
+        "        o_i, lse_i = _forward(q, k, v, causal, scale, block_m, block_n, run, keys)  "
+        "# o_i: input dtype\n",
+        "split-KV partials in the input dtype",
+        "Split-KV writes each split's partial output in the input dtype (fp16/bf16) before the "
+        "combine instead of float32: partials that cancel in the combine lose their low bits. "
+        "FlashAttention keeps the split partials in float32 (out_accum); a combine fed 16-bit "
+        "partials is the flash-decoding variant that stores them like the output.",
+    ),
+    Mutant(
+        "blocked_split_lse_low_precision",
+        BLOCKED,
+        "        o_i, lse_i = _forward(q, k, v, causal, scale, block_m, block_n, run, keys, "
+        "_acc_dtype(q.dtype))\n",
+        "        o_i, lse_i = _forward(q, k, v, causal, scale, block_m, block_n, run, keys, "
+        "_acc_dtype(q.dtype))\n"
+        "        lse_i = lse_i.to(q.dtype).to(lse_i.dtype)  # the partial lse stored in the input dtype\n",
+        "split-KV partial lse in the input dtype",
+        "Each split's partial lse is rounded to the input dtype before the combine, so the "
+        "combine's weights exp(lse_s - lse) and the merged lse carry a 16-bit error (about 1e-3 "
+        "relative). FlashAttention keeps lse_accum in float32; a combine that stores the partial "
+        "lse like the output does not.",
+    ),
+    Mutant(
+        "blocked_decode_lse_low_precision",
+        BLOCKED,
+        "o[i], lse[i] = o_i[0].transpose(0, 1), lse_i[0]",
+        "o[i], lse[i] = o_i[0].transpose(0, 1), lse_i[0].to(q.dtype)  # rounded, stored in float32",
+        "decode lse in the input dtype",
+        "The decode entry point rounds each sequence's lse to the input dtype on the way into its "
+        "float32 output: the dtype is the contract's, the values carry a 16-bit error that a "
+        "16-bit yardstick's lse has too. An lse passed through the output's dtype (a cast in a "
+        "decode wrapper) before it is returned.",
+    ),
     # ---------------------------------------------------------- triton (kernels/triton_attention.py)
     Mutant(
         "triton_tail_unmasked",
