@@ -146,10 +146,9 @@ def problem_size(report: str) -> tuple[float, int, int]:
         p = Problem.parse(_problem_text(report))
     except (ValueError, SyntaxError, TypeError, KeyError):
         return math.inf, 0, 0
-    pairs = p.seqlens if p.seqlens is not None else ((p.nq, p.nk),) * p.b
     plain = Problem(device=p.device)
     off = sum(getattr(p, f.name) != getattr(plain, f.name) for f in fields(Problem))
-    return sum(q * k for q, k in pairs) * p.hq * max(p.d, p.dv), len(p.variants), off
+    return diagnosis.work(p), len(p.variants), off
 
 
 def _smallest(members: list[Failure]) -> Failure:

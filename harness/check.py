@@ -342,7 +342,8 @@ def assert_close_to_golden(
         if any(r.name in ("o", "lse") for r in bad):
             limits = {r.name: r.budget for r in results if r.name in ("o", "lse")}
             if "o" in limits:
-                details += diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits)
+                details += diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits,
+                                    (golden.o, golden.lse))
         else:
             details += diagnose_gradients(problem, results, actual, expected)
         raise PropertyFailure(failure(kernel, problem, prop, details, judged=names))

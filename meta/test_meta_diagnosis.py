@@ -222,6 +222,17 @@ def test_the_catalogues_exp_without_max_is_diagnosed(problem: Problem):
     assert any("a softmax without its max subtraction" in line and "float16" in line for line in diagnoses)
 
 
+def test_a_large_problem_gets_the_row_patterns_only():
+    """Past NEIGHBOUR_WORK the conventions are not tried (a dozen goldens per failing example);
+    the row patterns, which need only the comparison's golden, still are."""
+    big = Problem(b=2, hq=2, nq=24, nk=24, d=8, dv=8, dist="large")
+    assert diagnosis.work(big) > diagnosis.NEIGHBOUR_WORK["cpu"]
+    overflow = _diagnoses(_kernel("meta-nomax", exp_without_max), big, ("o", "lse"))
+    assert any("max subtraction" in line for line in overflow), overflow
+    plain = big.replace(dist="normal")
+    assert not _diagnoses(_kernel("meta-inverse-d", scale_inverse_d), plain, ("o", "lse"))
+
+
 def _off_by(factor: float, shift: float):
     def broken(q, k, v, *, causal=False, scale=None):
         o, lse = exp_without_max(q, k, v, causal=causal, scale=scale)
