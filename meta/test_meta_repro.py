@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from flashprop.contract.outputs import expected_shapes, lse_dtype
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel, load_kernel
 from flashprop.harness import check
@@ -259,23 +260,25 @@ KEYWORD_PROBLEMS = (
 
 
 class _Recorder:
-    """A kernel that records the keywords of its calls (every entry point) and returns zeros."""
+    """A kernel that records the keywords of its calls (every entry point) and returns zeros
+    of the contract's shapes and dtypes (``contract.outputs``)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict]] = []
 
-    def _record(self, mode: str, q: torch.Tensor, kw: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def _record(self, mode: str, q: torch.Tensor, v: torch.Tensor, kw: dict) -> tuple[torch.Tensor, ...]:
         self.calls.append((mode, kw))
-        return torch.zeros_like(q), torch.zeros(q.shape[:-1])
+        shapes = expected_shapes(mode, q, v)
+        return torch.zeros(shapes["o"], dtype=q.dtype), torch.zeros(shapes["lse"], dtype=lse_dtype(q.dtype))
 
     def __call__(self, q, k, v, **kw):
-        return self._record("dense", q, kw)
+        return self._record("dense", q, v, kw)
 
     def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, **kw):
-        return self._record("varlen", q, kw)
+        return self._record("varlen", q, v, kw)
 
     def kvcache(self, q, k_cache, v_cache, **kw):
-        return self._record("kvcache", q, kw)
+        return self._record("kvcache", q, v_cache, kw)
 
 
 def _written_call(script: str) -> tuple[str, int, dict[str, object]]:
