@@ -74,7 +74,7 @@ class KernelRefused(Exception):
 class TimeBoxSpent(pytest.skip.Exception):
     """A property's share of the time box is spent (raised at its next example). A skip to
     Hypothesis, which stops at once (in its explicit phase too, unshrunk); :func:`run_property`
-    ends the property there, a pass with the examples it ran, or a skip if it ran none."""
+    ends the property there, a pass with the examples it ran (one at least)."""
 
 
 #: Kernels that broke the CUDA context: name -> the failure report of the problem that did it.
@@ -402,7 +402,9 @@ def run_property(
                         pytrace=False)
         tally = TALLIES[(kernel.name, prop)]
         stop_if_asked(tally.run)
-        if slot is not None and time.monotonic() > slot[0] and not tally.failed and not errors:
+        # a share spent stops the property from its second example on: each property runs one
+        if (slot is not None and tally.run > ran_before and time.monotonic() > slot[0]
+                and not tally.failed and not errors):
             timebox.note_cut()  # a property that found a failure shrinks it whatever the time
             raise TimeBoxSpent(f"{prop}'s share ({slot[1]:.0f} s) was spent after "
                                f"{tally.run - ran_before} examples")
@@ -448,8 +450,6 @@ def run_property(
         TALLIES[(kernel.name, prop)].last_failure = report
         raise PropertyFailure(report) from None
     except TimeBoxSpent:
-        if TALLIES[(kernel.name, prop)].run == ran_before:
-            pytest.skip("time box: its share was spent before its first example")
         note_time_box(kernel.name, prop)  # a pass: every example it ran passed
     except Unsatisfiable:
         undeclared = DRAWN.nothing_declared()

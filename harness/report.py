@@ -244,16 +244,17 @@ def _skip_lines(folded: list[tuple[str, str, list[str]]], all_skips: bool) -> li
 def _wrapped(prefix: str, note: str) -> list[str]:
     """A row (``prefix``: its columns but the note) and its note, in lines of at most
     :data:`WIDTH` columns: the note beside the row, wrapped in its column when it is at least
-    :data:`NOTE_ROOM` wide, else under the row."""
+    :data:`NOTE_ROOM` wide and takes two lines there at most, else under the row (words whole)."""
     if not note:
         return [prefix.rstrip()]
     room = WIDTH - len(prefix)
     if len(note) <= room:
         return [prefix + note]
-    if room >= NOTE_ROOM:
-        first, *rest = textwrap.wrap(note, room)
-        return [prefix + first, *(" " * len(prefix) + line for line in rest)]
-    return [prefix.rstrip(), *textwrap.wrap(note, WIDTH, initial_indent="    ", subsequent_indent="    ")]
+    whole = {"break_long_words": False, "break_on_hyphens": False}
+    if room >= NOTE_ROOM and len(beside := textwrap.wrap(note, room, **whole)) <= 2:
+        return [prefix + beside[0], *(" " * len(prefix) + line for line in beside[1:])]
+    return [prefix.rstrip(), *textwrap.wrap(note, WIDTH, initial_indent="    ", subsequent_indent="    ",
+                                            **whole)]
 
 
 def summary_lines(all_skips: bool = False) -> list[str]:

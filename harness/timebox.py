@@ -143,8 +143,8 @@ def note_cut() -> None:
 
 
 def summary() -> str | None:
-    """The time box's closing line, or ``None`` when the run was not boxed."""
-    if not _box:
+    """The time box's closing line, or ``None`` when the run was not boxed or no property drew."""
+    if not _box or not _box["drawing"]:
         return None
     idle = f" ({int(_box['idle'])} skipped before drawing got none)" if _box["idle"] else ""
     return (f"time box {_box['total'] / 60:.1f} min, shared by {int(_box['drawing'])} properties{idle}: "
