@@ -56,7 +56,6 @@ from flashprop.contract.registry import Kernel
 from flashprop.harness.check import REFERENCES, Outputs, PropertyFailure, failure, run_kernel, run_property
 from flashprop.harness.strategies import Sizes, declared, problems
 from flashprop.harness.variant_problems import variant_problems
-from hypothesis import reject
 from hypothesis import strategies as st
 
 #: Allowed multiple of the mean error of rounding the golden output to the input dtype.
@@ -97,10 +96,8 @@ def long_key_problems(draw, caps: Capabilities, *, device: str) -> Problem:
             dists=FLAT_SOFTMAX,
         )
     )
-    p = base.replace(nk=draw(st.integers(128, 256)), dv=max(base.dv, 16), **_smallest_key_tile(caps))
-    if caps.unsupported_reason(p) is not None:
-        reject()
-    return p
+    return declared(caps, base.replace(nk=draw(st.integers(128, 256)), dv=max(base.dv, 16),
+                                       **_smallest_key_tile(caps)))
 
 
 @st.composite
