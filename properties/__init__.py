@@ -17,11 +17,13 @@ To add a property:
 4. Hand ``check`` to ``check.run_property`` with a short property name (the tables, ``--replay``
    and campaigns know it by that name) and the problems, from ``strategies.problems`` (or
    ``variant_problems``) for the kernel's capabilities, ``device`` and ``sizes``; ``weight``
-   scales the profile's examples for an expensive property. Give the property's own condition
-   on a problem as ``where=`` and the problems it derives and runs too as ``related=`` (not a
-   ``.filter`` after the draw): when a kernel's declarations rule out every problem that meets
-   ``where``, the property then skips naming them, instead of failing with Hypothesis's
-   ``Unsatisfiable``.
+   scales the profile's examples for an expensive property. Every problem the property runs
+   must be declared: give what it makes of a draw as ``derive=`` (the problem it runs), its own
+   condition on that problem as ``where=`` and the problems it derives and runs too as
+   ``related=`` (not a ``.map`` or ``.filter`` after the draw, nor a check inside ``check``):
+   when a kernel's declarations rule out every problem that meets ``where``, the property then
+   skips naming them, instead of failing with Hypothesis's ``Unsatisfiable``, and
+   ``meta/test_meta_derived.py`` fails on a problem run without being declared.
 5. List it in ``docs/properties.md``, and run the planted bugs it should catch:
    ``python -m mutants.run --only NAME`` (``mutants/catalogue.py``; add a mutant for a bug class
    no property caught before).
