@@ -12,7 +12,9 @@ arithmetic with the golden (only ``refimpl.masks``' visibility rule). Against it
   problems, the drawn value distributions included (``large``, ``spikes``, ``overflow`` ...);
 - ``ref-reordered`` (``refimpl/reordered.py``: another summation order) passes the problems where
   the floor taken from max|lse| alone failed it (softcap 0.5, large logits, ALiBi, sinks), while
-  a float64 kernel that computes in float32 still fails there.
+  a float64 kernel that computes in float32 still fails there;
+- the conditioning: ``raw_logit_size`` against a pair-by-pair loop (GQA, key chunks), and L the
+  larger of the raw logits' size and max|lse|.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel, load_kernel
+from flashprop.harness import tolerance
 from flashprop.harness.check import gradient_names, judge, reference_for, run_kernel
 from flashprop.harness.strategies import Sizes, problems
 from flashprop.harness.tolerance import GOLDEN_ULPS, budget, conditioning, finite_max_abs
@@ -251,3 +254,34 @@ def test_reordered_passes_where_the_lse_floor_failed(p: Problem):
     assert beyond, "the floor from max|lse| alone passes this problem: it no longer pins the fix"
     wrong = _judged(Kernel("float32-inside", _in_float32, _in_float32.capabilities), p)
     assert not all(r.ok for r in wrong), "a float64 kernel computing in float32 passed"
+
+
+# ---------------------------------------------------------------- the conditioning
+
+
+@pytest.mark.parametrize(("hq", "hkv", "nk", "chunk"),
+                         [(1, 1, 7, 1024), (6, 2, 11, 4), (4, 1, 9, 9), (2, 2, 0, 3)])
+def test_raw_logit_size_is_the_largest_abs_sum(monkeypatch, hq: int, hkv: int, nk: int, chunk: int):
+    """raw_logit_size is scale * max sum_d |q_d||k_d| over every pair of a head, GQA's head map
+    and key chunks included (a pair by pair loop), and 0 with no key."""
+    monkeypatch.setattr(tolerance, "CHUNK", chunk)
+    g = torch.Generator().manual_seed(hq * 100 + nk)
+    q = torch.randn(2, hq, 5, 3, generator=g, dtype=F64)
+    k = torch.randn(2, hkv, nk, 3, generator=g, dtype=F64)
+    group = hq // hkv
+    pairs = [float((q[b, h, i].abs() * k[b, h // group, j].abs()).sum())
+             for b in range(2) for h in range(hq) for i in range(5) for j in range(nk)]
+    assert tolerance.raw_logit_size(q, k, -0.5) == pytest.approx(0.5 * max(pairs, default=0.0), rel=1e-15)
+
+
+def test_logit_size_takes_the_larger_of_raw_logits_and_lse():
+    """L is the raw logits' size where a softcap caps the lse far below it, and max|lse| where
+    a sink lies far above every logit; V is max|V|."""
+    capped = Problem(dtype=F64, dist="large", softcap=0.5, nq=8, nk=8, d=16, dv=16)
+    cond = conditioning(capped)
+    golden = reference_for(load_kernel("ref-blocked"), capped, backward=False)[0]
+    assert cond.raw_logits > 50 * finite_max_abs(golden.lse)
+    assert cond.logit_size(golden.lse) == cond.raw_logits
+    assert cond.values == finite_max_abs(capped.logical()[2])
+    above = torch.tensor([[[cond.raw_logits + 120.0]]], dtype=F64)
+    assert cond.logit_size(above) == cond.raw_logits + 120.0
