@@ -80,7 +80,7 @@ class Order:
         reverse: each loop visits its tiles last to first (the forward's key tiles; the
             backward's key tiles and, for each, the query tiles that see it).
         d_tile: products over the head dim (``Q K^T``, and ``dO V^T`` in the backward) summed
-            tile by tile, ``d_tile`` columns each, last tile first (0: one matmul).
+            tile by tile, ``d_tile`` columns each, last tile first (0, or D <= d_tile: one matmul).
     """
 
     reverse: bool = False
