@@ -14,12 +14,22 @@ A failure report (:func:`harness.check.failure`) is ``property 'P' failed for ke
    (up to ``": "``, the convention or pattern it names; the rest is the fix and the evidence),
    numbers blanked: ``matches the golden with scale 1/D = 0.125`` is one cause at every head dim,
    ``dv does not match the golden`` one cause whichever gradients do;
-3. its symptom line (``off the golden: ...``, :mod:`harness.symptoms`): an undiagnosed mismatch
-   with the golden; the key is the first forward tensor off with its kind of error, or, when the
-   forward is right, the set of gradients off with theirs (an undiagnosed wrong dK is one cause
-   for the backward, odd-dims and sinks-backward properties alike).
+3. its symptom line (``off the golden: ...``, :mod:`harness.symptoms`), or, in a report that
+   compares with the golden without one (long-golden, the spread and huge layouts, precision),
+   the line :func:`harness.symptoms.from_comparisons` reads from its comparison lines: an
+   undiagnosed mismatch with the golden; the key is the first forward tensor off with its kind
+   of error, or, when the forward is right, the set of gradients off with theirs (an undiagnosed
+   wrong dK is one cause for the backward, odd-dims and sinks-backward properties alike; a
+   long-golden report with o and lse off has the key of a forward report with o off).
 
-Two failures of one kernel with equal keys share a cause. A failure with none of these (a
+Two failures of one kernel with equal keys share a cause. A group of key 3 (a symptom, no
+diagnosis) joins a group of key 2 of its kernel when a member of that group has the same symptom
+key (its own symptom line, or the one read from its comparisons), or one whose
+:func:`harness.symptoms.undirected` is it (comparisons do not show lse's direction): the large
+problems a diagnosis is not computed for fail with the symptom of the small ones it explains.
+Such members are inferred, not diagnosed: the group lists them apart (:attr:`Group.inferred`).
+Where two groups of key 2 have a member with the symptom, it joins the one of more properties
+(then the first cause key in sorted order). A failure with none of these (a
 property's own check: a metamorphic relation, determinism, gradcheck) joins a group of that
 kernel with key 2 or 3 that holds its identical shrunk problem; else
 
@@ -29,7 +39,8 @@ kernel with key 2 or 3 that holds its identical shrunk problem; else
 
 else it joins the other failures without a key of its identical problem (one problem failing
 several properties), else stands alone. Failures with different keys are never merged, whatever
-their problems: each key is evidence of its own. Where one kernel has two undiagnosed bugs with
+their problems (but for the inferred members above): each key is evidence of its own, and
+failures with different diagnoses stay apart. Where one kernel has two undiagnosed bugs with
 the same symptom (o off the golden, finite), they are one entry: the report of the smallest
 problem shows one of them, the next run the other.
 
@@ -83,6 +94,9 @@ class Group:
     properties: tuple[str, ...]
     smallest: Failure
     headline: str
+    #: Those of ``properties`` with the symptom of a diagnosed member and no diagnosis of their
+    #: own (joined by rule 3's symptom, see the module docstring), sorted.
+    inferred: tuple[str, ...] = ()
 
 
 def _details(report: str) -> list[str]:
@@ -116,14 +130,21 @@ def _named(report: str) -> _Named | None:
         if line.startswith(diagnosis.PREFIX):
             clause = line.split(": ", 2)[1]
             return _Named(2, normalize(clause), clause)
-    for line in details:
-        if (found := symptoms.key(line)) is not None:
-            return _Named(3, found, line)
-    return None
+    found = _symptom(details)
+    return None if found is None else _Named(3, *found)
+
+
+def _symptom(details: list[str]) -> tuple[str, str] | None:
+    """``(key, line)`` of the symptom of a report's details (rule 3): its symptom line, else the
+    line read from its comparisons; ``None``: neither."""
+    line = next((line for line in details if line.startswith(symptoms.PREFIX)), None)
+    line = line or symptoms.from_comparisons(details)
+    return None if line is None else (symptoms.key(line), line)
 
 
 def cause_line(report: str) -> str | None:
-    """The detail line of ``report`` that names its cause (a diagnosis's first clause), or ``None``."""
+    """The detail line of ``report`` that names its cause (a diagnosis's first clause; a symptom
+    read from comparisons, the line read), or ``None``."""
     named = _named(report)
     return None if named is None else named.line
 
@@ -160,10 +181,28 @@ def _relation(report: str) -> tuple[str, str] | None:
     return next(((key, line) for line in _details(report) if (key := symptoms.relation_key(line))), None)
 
 
+def _by_symptom(named: dict[tuple[str, str], list[tuple[Failure, str]]], rule: dict[tuple[str, str], int],
+                joined: dict[tuple[str, str], list[Failure]]) -> dict[tuple[str, str], tuple[str, str]]:
+    """The groups of rule 3 that join a group of rule 2 by their symptom (see the module
+    docstring): ``(kernel, symptom key) -> (kernel, diagnosis key)``."""
+    seen: dict[tuple[str, str], set[str]] = {}  # (kernel, diagnosis key) -> its members' symptom keys
+    for place, members in named.items():
+        if rule[place] == 2:
+            keys = {found[0] for f, _ in members if (found := _symptom(_details(f.report)))}
+            seen[place] = keys | {symptoms.undirected(k) for k in keys}
+    moves = {}
+    for place in (place for place in named if rule[place] == 3):
+        targets = [t for t, keys in seen.items() if t[0] == place[0] and place[1] in keys]
+        if targets:
+            moves[place] = min(targets, key=lambda t: (-len(named[t]) - len(joined.get(t, [])), t[1]))
+    return moves
+
+
 def group(failures: Iterable[Failure]) -> list[Group]:
     """Failures grouped by cause (see the module docstring); groups of more properties first,
     then by kernel and property name."""
     named: dict[tuple[str, str], list[tuple[Failure, str]]] = {}
+    rule: dict[tuple[str, str], int] = {}
     mismatch: dict[tuple[str, str], tuple[str, str]] = {}  # (kernel, problem) -> a rule 2 or 3 key
     rest: list[Failure] = []
     for f in sorted(failures, key=lambda f: (f.kernel, f.prop)):
@@ -172,6 +211,7 @@ def group(failures: Iterable[Failure]) -> list[Group]:
             rest.append(f)
             continue
         named.setdefault((f.kernel, found.key), []).append((f, found.line))
+        rule[(f.kernel, found.key)] = found.rule
         if found.rule > 1:
             mismatch.setdefault((f.kernel, _problem_text(f.report)), (f.kernel, found.key))
     joined: dict[tuple[str, str], list[Failure]] = {}
@@ -183,14 +223,20 @@ def group(failures: Iterable[Failure]) -> list[Group]:
             joined.setdefault(mismatch[place], []).append(f)
         elif relation is not None:
             named.setdefault((f.kernel, relation[0]), []).append((f, relation[1]))
+            rule[(f.kernel, relation[0])] = 4
         else:
             by_problem.setdefault(place, []).append(f)
+    inferred: dict[tuple[str, str], list[Failure]] = {}
+    for place, target in _by_symptom(named, rule, joined).items():
+        inferred.setdefault(target, []).extend([*(f for f, _ in named.pop(place)), *joined.pop(place, [])])
     groups: list[Group] = []
     for (kernel, key), members in named.items():
         smallest = _smallest([f for f, _ in members])
         line = next(line for f, line in members if f is smallest)
-        props = sorted(f.prop for f in [*(f for f, _ in members), *joined.get((kernel, key), [])])
-        groups.append(Group(kernel, key, tuple(props), smallest, line))
+        guessed = sorted(f.prop for f in inferred.get((kernel, key), []))
+        own = [*(f.prop for f, _ in members), *(f.prop for f in joined.get((kernel, key), []))]
+        props = sorted([*own, *guessed])
+        groups.append(Group(kernel, key, tuple(props), smallest, line, tuple(guessed)))
     for (kernel, text), members in by_problem.items():
         if len(members) > 1:
             groups.append(Group(kernel, PROBLEM_PREFIX + text, tuple(f.prop for f in members),

@@ -285,17 +285,28 @@ def failure_groups() -> list[Group]:
 def _heading(number: int, g: Group) -> str:
     if len(g.properties) == 1:
         return f"[{number}] {g.kernel} / {g.properties[0]}"
-    return f"[{number}] {g.kernel}: {len(g.properties)} properties fail with one cause: {g.headline}"
+    n = len(g.properties)
+    inferred = f" ({len(g.inferred)} of them by its symptom, not diagnosed)" if g.inferred else ""
+    return f"[{number}] {g.kernel}: {n} properties fail with one cause{inferred}: {g.headline}"
+
+
+def _members(g: Group) -> list[str]:
+    """A group's properties (those inferred by their symptom apart) and whose report it shows."""
+    named = [prop for prop in g.properties if prop not in g.inferred]
+    among = "among those diagnosed" if g.inferred else "among them"
+    return [f"properties: {', '.join(named)}",
+            *([f"with the same symptom, not diagnosed: {', '.join(g.inferred)}"] if g.inferred else []),
+            f"the smallest problem {among} ({g.smallest.prop}):"]
 
 
 def failure_lines() -> list[str]:
-    """Each cause once: the properties it took down and the report of its smallest problem."""
+    """Each cause once: the properties it took down (apart: those with its symptom and no
+    diagnosis, :attr:`Group.inferred`) and the report of its smallest problem."""
     lines: list[str] = []
     for number, g in enumerate(failure_groups(), 1):
         lines.append(_heading(number, g))
         if len(g.properties) > 1:
-            lines += [f"    properties: {', '.join(g.properties)}",
-                      f"    the smallest problem among them ({g.smallest.prop}):"]
+            lines += ["    " + line for line in _members(g)]
         lines += ["    " + line for line in g.smallest.report.splitlines()]
         lines.append("")
     return lines
@@ -324,7 +335,7 @@ def markdown_lines() -> list[str]:
     for number, g in enumerate(groups, 1):
         lines += [f"<details><summary>{html.escape(_heading(number, g))}</summary>", ""]
         if len(g.properties) > 1:
-            lines += [f"properties: {', '.join(g.properties)}; the smallest problem ({g.smallest.prop}):", ""]
+            lines += ["; ".join(_members(g)), ""]
         lines += ["```", *g.smallest.report.splitlines(), "```", "", "</details>", ""]
     return [*lines, ""]
 

@@ -1,6 +1,8 @@
 """Meta-tests of the grouping of failures by cause (harness/causes.py) on reports that the golden
 comparison writes (harness/check.py): one bug, one entry, whichever properties and problems it
-fails; two bugs of one kernel, two entries; the shrunk problem joins what has no other key."""
+fails; two bugs of one kernel, two entries; the shrunk problem joins what has no other key; the
+reports of properties that compare with the golden themselves (long-golden, precision) join the
+diagnosed cause whose symptom they have, listed apart."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
+from flashprop.harness import report
 from flashprop.harness.causes import Failure, cause_line, group
 from flashprop.harness.check import (
     PropertyFailure,
@@ -18,6 +21,8 @@ from flashprop.harness.check import (
     run_kernel,
 )
 from flashprop.harness.report import REPRO_HEADER
+from flashprop.harness.symptoms import PREFIX, from_comparisons, key, undirected
+from flashprop.properties import test_long_golden, test_precision
 from flashprop.refimpl import attention_golden, attention_yardstick
 
 pytestmark = pytest.mark.meta
@@ -158,3 +163,123 @@ def test_an_output_off_the_contract_is_one_cause():
     (only,) = group(failures)
     assert only.properties == ("backward", "forward", "window-forward")
     assert only.headline.startswith("lse dtype torch.float16 != torch.float32"), only.headline
+
+
+def _inverse_d(q, k, v, *, causal=False, scale=None, **variants):
+    """Scores scaled by 1/D, not 1/sqrt(D) (a yardstick with autograd; lse in float32)."""
+    o, lse = attention_yardstick(q, k, v, causal=causal, scale=1 / q.shape[-1] if scale is None else scale,
+                                 **variants)
+    return o, lse.float()
+
+
+def _inverse_d_or_gqa_modulo(q, k, v, *, causal=False, scale=None, **variants):
+    """Two bugs: without GQA, scores scaled by 1/D; with it, query head h reads kv head h % Hkv
+    (not h // (Hq / Hkv))."""
+    if q.shape[1] == k.shape[1]:
+        return _inverse_d(q, k, v, causal=causal, scale=scale, **variants)
+    heads = torch.arange(q.shape[1]) % k.shape[1]
+    o, lse = attention_yardstick(q, k[:, heads], v[:, heads], causal=causal, scale=scale, **variants)
+    return o, lse.float()
+
+
+def _lse_off(q, k, v, *, causal=False, scale=None, **variants):
+    """A right o, lse off by 0.5."""
+    o, lse = attention_yardstick(q, k, v, causal=causal, scale=scale, **variants)
+    return o, lse.float() + 0.5
+
+
+def _long_golden(kernel: Kernel, problem: Problem, prop: str = test_long_golden.PROP) -> Failure:
+    """The long-golden property's report on ``problem``: its comparisons, no symptom line (under
+    another ``prop``: a spread property's, which writes the same lines, :meth:`Comparison.describe`)."""
+    ok, details = test_long_golden.judge_example(kernel, problem, test_long_golden.LONG["cpu"]["scores"])
+    assert not ok, details
+    report = failure(kernel, problem, prop, details, backward=True)
+    assert PREFIX not in report and "diagnosis:" not in report, report
+    return Failure(kernel.name, prop, report)
+
+
+def _precision(kernel: Kernel, problem: Problem) -> Failure:
+    """The precision property's report on ``problem`` (mean errors over their bounds)."""
+    with pytest.raises(PropertyFailure) as raised:
+        test_precision._checker("precision")(kernel, problem)
+    return Failure(kernel.name, "precision", str(raised.value))
+
+
+def test_the_comparisons_give_the_key_of_the_symptom_line():
+    """Read from a golden comparison's lines, the symptom has the key of the symptom line written
+    beside them (lse's direction read as off): NaN in o, o off, lse off (above it), dV off."""
+    def nan_row(q, k, v, *, causal=False, scale=None):
+        o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
+        o[..., 0, :] = float("nan")
+        return o.to(q.dtype), lse.float()
+
+    reports = [_report(_kernel(f"meta-{fn.__name__}", fn), prop, p, names) for fn, prop, p, names in (
+        (nan_row, "forward", FORWARD, ("o", "lse")),
+        (_inverse_d, "backward", BACKWARD, ("o", *gradient_names(BACKWARD))),
+        (_lse_off, "forward", FORWARD, ("o", "lse")),
+        (_dv_flipped, "sinks-backward", SINKS, ("o", *gradient_names(SINKS))),
+    )]
+    found = []
+    for f in reports:
+        lines = [line.strip() for line in f.report.splitlines()]
+        line = next(line for line in lines if line.startswith(PREFIX))
+        read = from_comparisons([other for other in lines if other != line])
+        assert read is not None and key(read) == undirected(key(line)), (read, line)
+        found.append(key(read))
+    assert found == ["forward o (NaN)", "forward o (off)", "forward lse (off)", "backward dv (off)"]
+    assert from_comparisons(["o: max|err| = 1.000e-03 at (0, 0, 0, 0) (kernel 1, golden 1.001); budget "
+                             "2.000e-03 = r 2 x yardstick error 1.000e-03 + floor 0.000e+00; "
+                             "err / yardstick error = 1"]) is None  # within its budget: no symptom
+
+
+def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it(monkeypatch: pytest.MonkeyPatch):
+    """A 1/D scale, diagnosed on the small problems of forward (o off) and single-token (lse off,
+    o right: one key, so every value equals the golden's), fails long-golden, precision and a
+    spread property on problems it is not diagnosed on, with o off, o off and lse off: one
+    entry, those three listed apart as inferred, the report shown a diagnosed one's."""
+    kernel = _kernel("meta-inverse-d", _inverse_d)
+    diagnosed = [_report(kernel, "forward", FORWARD, ("o", "lse")),
+                 _report(kernel, "single-token", Problem(nq=1, nk=1, d=8, dv=8), ("o", "lse"))]
+    assert all("diagnosis: matches the golden with scale 1/D" in f.report for f in diagnosed), diagnosed
+    undiagnosed = [_long_golden(kernel, Problem(hq=2, nq=9, nk=17, d=16, dv=16, causal=True)),
+                   _long_golden(kernel, Problem(b=2, nq=1, nk=1, d=8, dv=8), "spread-batch"),
+                   _precision(kernel, Problem(nq=3, nk=64, d=8, dv=8, dtype=torch.float16))]
+    (only,) = group([*diagnosed, *undiagnosed])
+    assert only.cause == "matches the golden with scale #/D = #", only.cause
+    assert only.inferred == ("long-golden", "precision", "spread-batch"), only.inferred
+    assert only.properties == ("forward", "long-golden", "precision", "single-token", "spread-batch")
+    assert only.smallest.prop == "single-token"
+    assert only.headline.startswith("matches the golden with scale 1/D"), only.headline
+    tallies = type(report.TALLIES)(report.Tally)  # the session's are left alone
+    monkeypatch.setattr(report, "TALLIES", tallies)
+    for f in [*diagnosed, *undiagnosed]:
+        tallies[f.kernel, f.prop] = report.Tally(failed=1, last_failure=f.report)
+    heading, *lines = report.failure_lines()
+    assert heading.startswith(f"[1] {kernel.name}: 5 properties fail with one cause (3 of them by its "
+                              "symptom, not diagnosed): matches the golden with scale 1/D"), heading
+    assert lines[:3] == ["    properties: forward, single-token",
+                         "    with the same symptom, not diagnosed: long-golden, precision, spread-batch",
+                         "    the smallest problem among those diagnosed (single-token):"]
+    markdown = "\n".join(report.markdown_lines())
+    assert "properties: forward, single-token; with the same symptom, not diagnosed: long-golden" in markdown
+
+
+def test_a_symptom_joins_the_larger_diagnosis_and_another_symptom_stays_apart():
+    """One kernel, two diagnosed bugs with o off (a 1/D scale on forward and single-token, the GQA
+    head map on gqa-consistency) stay two entries; a long-golden failure with o off joins the
+    larger; a failure with lse off alone (the kernel's members all have o off) keeps its own."""
+    kernel = _kernel("meta-two-diagnoses", _inverse_d_or_gqa_modulo)
+    gqa = Problem(hq=4, hkv=2, nq=5, nk=6, d=8, dv=8)
+    scale = [_report(kernel, prop, p, ("o", "lse")) for prop, p in (
+        ("forward", FORWARD.replace(hkv=2)), ("single-token", Problem(nq=1, nk=3, d=8, dv=8)))]
+    heads = _report(kernel, "gqa-consistency", gqa, ("o", "lse"))
+    long_o = _long_golden(kernel, Problem(hq=2, hkv=2, nq=9, nk=17, d=16, dv=16, causal=True))
+    lse_only = _long_golden(Kernel(name=kernel.name, fn=_lse_off, capabilities=kernel.capabilities),
+                            Problem(nq=9, nk=17, d=16, dv=16), "spread-rows")
+    groups = group([*scale, heads, long_o, lse_only])
+    scaled = "matches the golden with scale #/D = #"
+    assert [(g.properties, g.inferred, g.cause) for g in groups] == [
+        (("forward", "long-golden", "single-token"), ("long-golden",), scaled),
+        (("gqa-consistency",), (), "matches the golden with query head h reading kv head h % Hkv"),
+        (("spread-rows",), (), "forward lse (off)"),
+    ]
