@@ -64,7 +64,25 @@ CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
 
 
 class PropertyFailure(AssertionError):
-    """A property does not hold; the message carries the problem, the errors and a repro."""
+    """A property does not hold; the message carries the problem, the errors and a repro.
+
+    ``later`` computes detail lines too costly for every failing example a shrink goes through
+    (the diagnoses, a dozen goldens each): :attr:`brief` is the report without them, what the
+    tallies keep while shrinking; ``str()`` adds them before the repro, computed once, for the
+    failure that is reported (the shrunk one)."""
+
+    def __init__(self, report: str, later: Callable[[], list[str]] | None = None) -> None:
+        super().__init__(report)
+        self.brief = report
+        self._later = later
+        self._full: str | None = None if later else report
+
+    def __str__(self) -> str:
+        if self._full is None:
+            lines = self.brief.splitlines()
+            at = next((i for i, line in enumerate(lines) if line == REPRO_HEADER), len(lines))
+            self._full = "\n".join([*lines[:at], *self._later(), *lines[at:]])
+        return self._full
 
 
 class KernelRefused(Exception):
@@ -339,14 +357,17 @@ def assert_close_to_golden(
         actual = {r.name: getattr(out, r.name) for r in results}
         expected = {r.name: getattr(golden, r.name) for r in results}
         details = [*(r.describe() for r in results), symptom(results, actual, expected)]
-        if any(r.name in ("o", "lse") for r in bad):
+
+        def diagnoses() -> list[str]:
+            if not any(r.name in ("o", "lse") for r in bad):
+                return diagnose_gradients(problem, results, actual, expected)
             limits = {r.name: r.budget for r in results if r.name in ("o", "lse")}
-            if "o" in limits:
-                details += diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits,
-                                    (golden.o, golden.lse))
-        else:
-            details += diagnose_gradients(problem, results, actual, expected)
-        raise PropertyFailure(failure(kernel, problem, prop, details, judged=names))
+            if "o" not in limits:
+                return []
+            return diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits,
+                            (golden.o, golden.lse))
+
+        raise PropertyFailure(failure(kernel, problem, prop, details, judged=names), later=diagnoses)
 
 
 def run_property(
@@ -411,15 +432,16 @@ def run_property(
         if noting():
             begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
         if shrinking.over():  # the shrink's time is spent: only the failures found fail again
-            if problem in shrinking.failures:
-                raise shrinking.failures[problem]  # the same exception: Hypothesis sees one failure
+            found = shrinking.failure_of(problem)
+            if found is not None:
+                raise found  # the same exception: Hypothesis sees one failure
             shrinking.cut += 1
             return
         start = time.perf_counter()
         try:
             outcome = judged(kernel, problem) or "passed"
         except PropertyFailure as err:
-            record(kernel.name, prop, "failed", time.perf_counter() - start, str(err))
+            record(kernel.name, prop, "failed", time.perf_counter() - start, err.brief)
             shrinking.failed(problem, err)
             raise
         record(kernel.name, prop, outcome, time.perf_counter() - start)
@@ -442,12 +464,12 @@ def run_property(
         # Hypothesis keys the database by the test function's source, one for every property here
         test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
         test()
-    except PropertyFailure as err:
+    except PropertyFailure as err:  # the shrunk failure: its report whole (diagnoses), and whether cut
         note = shrinking.note()
+        report = str(err) if note is None else f"{err}\n{note}"
+        TALLIES[(kernel.name, prop)].last_failure = report
         if note is None:
             raise
-        report = f"{err}\n{note}"  # the smallest failing problem found when shrinking stopped
-        TALLIES[(kernel.name, prop)].last_failure = report
         raise PropertyFailure(report) from None
     except TimeBoxSpent:
         note_time_box(kernel.name, prop)  # a pass: every example it ran passed

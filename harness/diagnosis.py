@@ -349,11 +349,12 @@ def work(p: Problem) -> int:
     return sum(q * k for q, k in pairs) * p.hq * max(p.d, p.dv)
 
 
-#: The most work (:func:`work`) a problem's neighbours are computed for, per device: they are
-#: about a dozen goldens per failing example, and a shrink fails many examples, most of them
-#: larger than the shrunk one it reports (on the CPU ``b*hq*nq*nk*d`` = 2^14 is, say, 2 heads
-#: of 16 x 16 rows at D = 32). The row patterns need only the golden the comparison has.
-NEIGHBOUR_WORK = {"cpu": 1 << 14, "cuda": 1 << 28}
+#: The most work (:func:`work`) a problem's neighbours are computed for, per device: about a
+#: dozen float64 goldens, once per failing property (the shrunk failure it reports:
+#: :class:`harness.check.PropertyFailure` computes diagnoses late). On the CPU
+#: ``b*hq*nq*nk*d`` = 2^24 is, say, 4 heads of 256 x 256 rows at D = 64: about a second. The row
+#: patterns need only the golden the comparison has.
+NEIGHBOUR_WORK = {"cpu": 1 << 24, "cuda": 1 << 32}
 
 
 def diagnose(p: Problem, alignment: str, o: torch.Tensor, lse: torch.Tensor | None,

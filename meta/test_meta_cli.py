@@ -86,8 +86,9 @@ def test_fuzz_of_a_kernel_whose_module_fails_to_import_is_a_row_not_an_error(tmp
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "ERROR" not in run.stdout and "Traceback" not in run.stdout + run.stderr, run.stdout + run.stderr
+    words = " ".join(run.stdout.split())  # the reason wraps under its row
     assert ("skipped: unavailable: kernel ./needs.py:attn: importing ./needs.py failed: ModuleNotFoundError: "
-            "No module named 'flashprop_no_such_package' (needs.py:1)") in run.stdout, run.stdout
+            "No module named 'flashprop_no_such_package' (needs.py:1)") in words, run.stdout
 
 
 #: A failure only from 9 keys up on more than one head: shrinking it takes many steps.

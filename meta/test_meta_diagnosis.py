@@ -222,9 +222,10 @@ def test_the_catalogues_exp_without_max_is_diagnosed(problem: Problem):
     assert any("a softmax without its max subtraction" in line and "float16" in line for line in diagnoses)
 
 
-def test_a_large_problem_gets_the_row_patterns_only():
-    """Past NEIGHBOUR_WORK the conventions are not tried (a dozen goldens per failing example);
-    the row patterns, which need only the comparison's golden, still are."""
+def test_a_large_problem_gets_the_row_patterns_only(monkeypatch: pytest.MonkeyPatch):
+    """Past NEIGHBOUR_WORK (lowered here, to keep the problem small) the conventions are not
+    tried (a dozen goldens); the row patterns, which need only the comparison's golden, still are."""
+    monkeypatch.setitem(diagnosis.NEIGHBOUR_WORK, "cpu", 1 << 14)
     big = Problem(b=2, hq=2, nq=24, nk=24, d=8, dv=8, dist="large")
     assert diagnosis.work(big) > diagnosis.NEIGHBOUR_WORK["cpu"]
     overflow = _diagnoses(_kernel("meta-nomax", exp_without_max), big, ("o", "lse"))
