@@ -27,9 +27,10 @@ diagnosis) joins a group of key 2 of its kernel when a member of that group has 
 key (its own symptom line, or the one read from its comparisons), or one whose
 :func:`harness.symptoms.undirected` is it (comparisons do not show lse's direction): the large
 problems a diagnosis is not computed for fail with the symptom of the small ones it explains.
-Such members are inferred, not diagnosed: the group lists them apart (:attr:`Group.inferred`).
+Such members (and the failures joined to them by their problem, below) are inferred, not
+diagnosed: the group lists them apart (:attr:`Group.inferred`) and shows a diagnosed report.
 Where two groups of key 2 have a member with the symptom, it joins the one of more properties
-(then the first cause key in sorted order). A failure with none of these (a
+before any such join (then the first cause key in sorted order). A failure with none of these (a
 property's own check: a metamorphic relation, determinism, gradcheck) joins a group of that
 kernel with key 2 or 3 that holds its identical shrunk problem; else
 
