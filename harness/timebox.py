@@ -106,15 +106,13 @@ class Shrinking:
     (never past the limit). Once it has ended, a problem that failed before raises its error
     again and any other problem is not run (it "passes"): Hypothesis's shrinker then finds
     nothing smaller at once and reports the smallest failing problem found, and :attr:`cut`
-    counts the problems left unrun. Only the latest failure of each origin (the error's type and
-    where it was raised: what Hypothesis shrinks apart) is kept, the one the shrinker holds as
-    its best: a failure holds the kernel's outputs, which are large on a GPU."""
+    counts the problems left unrun."""
 
     def __init__(self, slot_end: float | None) -> None:
         self.slot_end = slot_end
         self.deadline: float | None = None
         self.started = 0.0
-        self._latest: dict[tuple[type, str, int], tuple[object, BaseException]] = {}
+        self._failures: dict[object, BaseException] = {}
         self.cut = 0
 
     def failed(self, problem: object, error: BaseException) -> None:
@@ -124,15 +122,12 @@ class Shrinking:
             limit = now + SHRINK_SECONDS["limit"]
             box = limit if self.slot_end is None else max(self.slot_end, now + SHRINK_FLOOR)
             self.deadline = min(limit, box)
-        tb = error.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        where = (tb.tb_frame.f_code.co_filename, tb.tb_lineno) if tb is not None else ("", 0)
-        self._latest[(type(error), *where)] = (problem, error)
+        self._failures[problem] = error
 
     def failure_of(self, problem: object) -> BaseException | None:
-        """The error ``problem`` raised when it failed last, if it is a latest failure."""
-        return next((error for seen, error in self._latest.values() if seen == problem), None)
+        """The error ``problem`` raised when it failed, if it did (Hypothesis may replay any
+        failing example it ran, not only its best, so every one is kept)."""
+        return self._failures.get(problem)
 
     def over(self) -> bool:
         """Whether shrinking has run out of time."""
