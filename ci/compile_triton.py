@@ -9,10 +9,11 @@ needed. Compiled here: the four unspecialised kernels (explicit and fixed tiles)
 dim (64), a masked wide one (200) and a narrow one (17 / 16), with the launch options the kernel
 itself would use for 64 x 64 tiles, the forward also reading through TMA descriptors where the
 rows are 16-byte multiples; the three passes with 64-bit row offsets (``WIDE_ROWS``) at d = 64;
-the three passes in fp32 at d = 64 (IEEE dots, the slowest to build); and the first
+the three passes in fp32 at d = 64 (IEEE dots, the slowest to build); the first
 autotuning config of each tuned kernel at d = 128 (the forward with and without TMA)
 specialised as Triton's launcher would for a contiguous problem (unit strides constant, the
-rest multiples of 16). Also checks that the forward's
+rest multiples of 16); and the variants (window, softcap, ALiBi, sinks: :func:`variant_cases`).
+Also checks that the forward's
 autotuner ignores TRITON_CACHE_AUTOTUNING and that every autotuning key names a parameter.
 Prints shared memory per kernel; exits 1 on the first failure.
 
@@ -40,9 +41,12 @@ from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
 #: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.
-POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE"}
+POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE", "Slopes", "Sinks"}
 FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE"}
-FP64_SCALARS = {"qk_scale", "sm_scale"}
+#: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md).
+ALWAYS_FP32_POINTERS = {"Slopes", "Sinks"}
+FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2"}
+WINDOW_SIDES = {"win_left", "win_right"}
 DTYPE = torch.bfloat16
 
 
@@ -68,7 +72,10 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
         elif name in POINTERS:
             # lse, Delta and dlse are fp32 buffers, fp64 in an fp64 problem
             wide = "fp64" if pointer == "fp64" else "fp32"
-            out[name] = f"*{wide}" if name in FP32_POINTERS else f"*{pointer}"
+            if name in ALWAYS_FP32_POINTERS:
+                out[name] = "*fp32"
+            else:
+                out[name] = f"*{wide}" if name in FP32_POINTERS else f"*{pointer}"
         elif name in FP64_SCALARS:
             out[name] = "fp64"
         else:
@@ -78,18 +85,22 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
 
 def _specialized(fn, constants: dict) -> tuple[dict, dict]:
     """Constants and attributes as Triton's launcher makes them for a contiguous problem with
-    D = 128, N = 4096, MHA: unit strides (and GROUP = 1) become the constant 1; every other
-    integer and every pointer is known to be a multiple of 16 (elements / bytes)."""
+    D = 128, N = 4096, MHA: unit strides (and GROUP = 1) become the constant 1, the unit strides
+    of the ALiBi slopes and sinks too when those are on; a window's sides are not known; every
+    other integer and every pointer is known to be a multiple of 16 (elements / bytes)."""
     constants = dict(constants)
     attrs = {}
     boxes = _boxes(constants)
     for i, name in enumerate(fn.arg_names):
         if name in constants or name in FP64_SCALARS or name in boxes:
             continue
-        if name == "GROUP" or (name.startswith("stride_") and name.endswith("d")):
-            constants[name] = 1
+        unit = {"stride_ah": constants.get("ALIBI"), "stride_z": constants.get("SINKS")}.get(name)
+        if name == "GROUP" or (name.startswith("stride_") and name.endswith("d")) or unit:
+            constants[name] = 1  # with the variant on, its contiguous (Hq,) tensor's stride
+        elif name in WINDOW_SIDES and constants.get("WINDOW"):
+            continue  # a window's sides are any integers
         else:
-            attrs[(i,)] = [["tt.divisibility", 16]]
+            attrs[(i,)] = [["tt.divisibility", 16]]  # the variants' unused arguments are 0
     return constants, attrs
 
 
@@ -113,14 +124,56 @@ def compile_kernel(fn, constants: dict, num_warps: int, num_stages: int,
     return time.perf_counter() - start, kernel.metadata.shared
 
 
+#: Every variant switch on (the forward's SINKS included; the backward kernels drop it).
+ALL_VARIANTS = {"window": True, "softcap": True, "alibi": True, "sinks": True}
+
+
 def compile_meta(d: int, dv: int, tma: bool = False, dtype: torch.dtype = DTYPE,
-                 causal: bool = True) -> dict:
-    """The kernel's own compile-time parameters for a problem of these head dims, dtype (bf16)
-    and causality (causal) (``tma``: the forward reads through tensor descriptors)."""
+                 causal: bool = True, window: bool = False, softcap: bool = False,
+                 alibi: bool = False, sinks: bool = False) -> dict:
+    """The kernel's own compile-time parameters for a problem of these head dims, dtype (bf16),
+    causality (causal) and variants (none) (``tma``: the forward reads through tensor
+    descriptors). A window carries causality itself (``kernels.triton_attention.resolve_band``), so
+    ``window`` turns CAUSAL off."""
     q = torch.empty((1, 1, 4096, d), dtype=dtype, device="meta")
     v = torch.empty((1, 1, 4096, dv), dtype=dtype, device="meta")
-    meta = ta.launch_meta(q, v, causal=causal)
-    return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma}
+    meta = ta.launch_meta(q, v, causal=causal and not window, window=window, softcap=softcap,
+                          alibi=alibi)
+    return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma,
+            "SINKS": sinks}
+
+
+def variant_cases(passes: dict) -> list[tuple]:
+    """The variants' code (window, softcap, ALiBi, sinks): every pass with all of them on, as
+    explicit tiles, TMA, an autotuning config and fp64 (whose tanh and constants are fp64)
+    compile them; and the forward with each score variant alone (the branches that all-on
+    leaves out)."""
+    cases = []
+    tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
+    options = ta.explicit_launch_options(64, 64, 64, 64, DTYPE.itemsize)
+    every = compile_meta(64, 64, **ALL_VARIANTS)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 64x64 all variants, unspecialised", p.plain, {**every, **tiles}, options,
+                      False, "bf16"))
+    cases.append(("fwd d=64 64x64 TMA all variants, unspecialised", passes["fwd"].plain,
+                  {**compile_meta(64, 64, tma=True, **ALL_VARIANTS), **tiles}, options, False, "bf16"))
+    for name, p in passes.items():
+        config = p.configs[0]
+        meta = {**compile_meta(128, 128, **ALL_VARIANTS), **config.kwargs}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        cases.append((f"{name} d=128 autotune config {config.kwargs} all variants, specialised", p.jit,
+                      meta, options, True, "bf16"))
+    wide = {"BLOCK_M": 32, "BLOCK_N": 32}  # fp64's fixed tiles
+    options = ta.explicit_launch_options(32, 32, 64, 64, torch.float64.itemsize)
+    every = compile_meta(64, 64, dtype=torch.float64, **ALL_VARIANTS)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 fp64 32x32 all variants, unspecialised", p.plain, {**every, **wide},
+                      options, False, "fp64"))
+    options = ta.explicit_launch_options(64, 64, 64, 64, DTYPE.itemsize)
+    for variant in ("softcap", "alibi"):
+        cases.append((f"fwd d=64 64x64 {variant} alone, unspecialised", passes["fwd"].plain,
+                      {**compile_meta(64, 64, **{variant: True}), **tiles}, options, False, "bf16"))
+    return cases
 
 
 def main() -> int:
@@ -162,6 +215,7 @@ def main() -> int:
     options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
     cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", passes["fwd"].jit, meta,
                   options, True, "bf16"))
+    cases += variant_cases(passes)
 
     if passes["fwd"].tuned.cache_results:
         print("compile-triton: FAILED the forward's autotuner caches to disk under "

@@ -18,6 +18,20 @@ The backward (FlashAttention-2) recomputes P = exp(S - lse) tile by tile:
 
 (the dlse term makes lse differentiable too: d lse_i / d s_ij = P_ij).
 
+Variants (``docs/variants.md``, the FlashAttention order of operations), with c = Nk - Nq:
+
+    s_ij = softcap * tanh(s_ij / softcap)         (softcap > 0; tanh: :func:`_tanh`)
+    s_ij = s_ij - slope_bh * |i + c - j|          (ALiBi: slopes (Hq,) or (B, Hq))
+    s_ij = -inf unless i + c - left <= j <= i + c + right   (window_size; -1: unbounded side)
+    a sink logit z_h joins every row's softmax as a key with no value: the online softmax
+    starts at m = z_h, l = 1, so lse_i = logaddexp(lse_keys_i, z_h) and o shrinks
+
+and in the backward the softcap's derivative, dS <- dS * (1 - tanh^2) (ALiBi and masks are
+additive), and the sinks' gradient dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi (Delta as
+above, dlse included). Key tiles outside a window are skipped by the loop bounds, as the
+causal ones are. Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``,
+``SINKS``): off, the kernels compile exactly the dense code.
+
 Conventions (the flashprop kernel contract: the README's conventions table):
 
 * q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); any strides (strides are passed to
@@ -28,13 +42,18 @@ Conventions (the flashprop kernel contract: the README's conventions table):
   deterministic.
 * causal is bottom-right aligned: query i sees key j iff j <= i + (Nk - Nq). Key tiles no query
   row of a block sees are skipped; tiles on the diagonal are masked. A row that sees no key
-  (Nq > Nk) gets o = 0, lse = -inf and zero gradients.
+  (Nq > Nk) gets o = 0, lse = -inf and zero gradients (with a sink: o = 0, lse = z_h).
+* window_size=(left, right) is bottom-right aligned too; with causal the right edge is the
+  diagonal. The host folds it into one band ``i + c - left <= j <= i + c + right`` with both
+  sides finite (an unbounded side becomes one that cuts nothing): :func:`resolve_band`.
+* alibi_slopes and sinks are float32 whatever the inputs' dtype; sinks.grad is float32.
 * fp16/bf16 inputs accumulate in fp32; fp32 uses ``tl.dot(input_precision="ieee")`` (no tf32);
   fp64 runs in fp64 throughout (so gradcheck can run on the kernel). lse is fp32 (fp64 for
   fp64 inputs); o has the input dtype.
 
 Stages of this file:
-  1. tile helpers (masked loads and stores; 32- or 64-bit row addressing, ``WIDE_ROWS``)
+  1. tile helpers (masked loads and stores; 32- or 64-bit row addressing, ``WIDE_ROWS``), the
+     key and query ranges a tile visits, the score variants (``_tanh``, ``_modified_scores``)
   2. forward kernel
   3. backward preprocess: Delta and the base-2 lse used by the backward
   4. backward dK/dV kernel (one program per key tile and kv head)
@@ -42,7 +61,8 @@ Stages of this file:
   6. tile choice: autotuner configs (GPU) and the fixed interpreter tiles; the passes
      (``PASSES``) with ``launch_meta``, ``resolve_tiles``, ``padded_head_dim`` and
      ``explicit_launch_options``: the public API of the tuning and compilation tools in ci/
-  7. host side: input checks, launchers, autograd, ``attention`` and its capabilities
+  7. host side: input checks, the variants as the kernels take them (``resolve_band``, also
+     the tools' API), launchers, autograd, ``attention`` and its capabilities
 
 Forward memory access: 16-bit q, k, v (and o) whose rows and strides are 16-byte aligned go
 through 4-D TMA tensor descriptors (Hopper's copy engine: it zero-fills rows and head-dim
@@ -64,8 +84,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from flashprop.contract.capabilities import Capabilities, Limit
-from flashprop.contract.validate import INT32_ELEMENTS, extent
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, Limit
+from flashprop.contract.validate import INT32_ELEMENTS, check_variants, extent
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -222,6 +242,120 @@ def _key_range(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def _window_key_range(start_m, n_q, n_k, win_left, win_right, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """Key range of the query tile [start_m, start_m + BLOCK_M) under a window, whose row i sees
+    keys i + c - win_left .. i + c + win_right (c = n_k - n_q; both sides finite:
+    :func:`resolve_band`).
+
+    Returns (lo, full_lo, full_hi, hi): keys [full_lo, full_hi) form whole tiles every row of the
+    tile sees (no mask); keys [lo, full_lo) (the window's left edge) and [full_hi, hi) (its
+    right edge, and the ragged end of the keys) are masked; keys outside [lo, hi) are seen by
+    no row of the tile and skipped. lo, full_lo and full_hi are tile boundaries unless clamped
+    to hi (the loops after them are then empty).
+    """
+    offset = n_k - n_q
+    last = tl.minimum(start_m + BLOCK_M, n_q) - 1  # the tile's last real row
+    hi = tl.maximum(tl.minimum(n_k, last + offset + win_right + 1), 0)
+    lo = tl.minimum(tl.maximum(start_m + offset - win_left, 0), hi)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(tl.maximum(last + offset - win_left, 0), BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = (tl.minimum(n_k, start_m + offset + win_right + 1) // BLOCK_N) * BLOCK_N
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _window_query_range(start_n, n_q, n_k, win_left, win_right, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """Query range of the key tile [start_n, start_n + BLOCK_N) under a window (the dK/dV pass):
+    key j is seen by rows j - c - win_right .. j - c + win_left.
+
+    Returns (lo, full_lo, full_hi, hi): query tiles [full_lo, full_hi) see the whole key tile
+    (no mask); [lo, full_lo) (the window's right edge) and [full_hi, hi) (its left edge) are
+    masked; other rows see none of its keys and are skipped (boundaries as
+    :func:`_window_key_range`'s).
+    """
+    offset = n_k - n_q
+    last = tl.minimum(start_n + BLOCK_N, n_k) - 1  # the tile's last real key
+    hi = tl.maximum(tl.minimum(n_q, last - offset + win_left + 1), 0)
+    lo = tl.minimum(tl.maximum(start_n - offset - win_right, 0), hi)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    full_lo = tl.cdiv(tl.maximum(last - offset - win_right, 0), BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = (tl.minimum(n_q, start_n - offset + win_left + 1) // BLOCK_M) * BLOCK_M
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x), to about an ulp of x's dtype (fp32 or fp64: the interpreter has no libdevice, and
+    fast approximations are off by 2^-11). |x| < 0.625: x + x^3 P(x^2) / Q(x^2), the rational
+    approximation of the Cephes library (accurate to fp64's rounding there, where the
+    exponential form below loses x's leading digits); else (1 - e) / (1 + e), e = exp(-2|x|) in
+    (0, 0.29] (no overflow). One division serves both; the sign is put back last."""
+    dt = x.dtype  # constants through tl.full: Python floats in a kernel are rounded to fp32
+    p0, p1, p2 = (tl.full([], -9.64399179425052238628e-1, dt), tl.full([], -9.92877231001918586564e1, dt),
+                  tl.full([], -1.61468768441708447952e3, dt))
+    q0, q1, q2 = (tl.full([], 1.12811678491632931402e2, dt), tl.full([], 2.23548839060100448583e3, dt),
+                  tl.full([], 4.84406305325125486048e3, dt))
+    a = tl.abs(x)
+    x2 = a * a
+    num = (x2 * p0 + p1) * x2 + p2
+    den = ((x2 + q0) * x2 + q1) * x2 + q2
+    e = tl.exp2(a * tl.full([], -2.8853900817779268, dt))  # exp(-2|x|) = exp2(-2 log2(e) |x|)
+    small = a < 0.625
+    ratio = tl.where(small, a * x2 * num, 1.0 - e) / tl.where(small, den, 1.0 + e)
+    t = tl.where(small, a + ratio, ratio)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _modified_scores(qk, q_idx, kv_idx, n_q, n_k, qk_scale, SOFTCAP: tl.constexpr, softcap2,
+                     ALIBI: tl.constexpr, slope2):
+    """Base-2 logits of a tile from the raw products ``qk = q_i . k_j``, with the score variants
+    (softcap, then ALiBi), and ``tanh`` of the softcap (the backward's derivative 1 - tanh^2;
+    ``qk``'s scaled self without a softcap). ``q_idx``, ``kv_idx``: the rows' and keys' indices,
+    broadcastable to the tile (keys x queries in the dK/dV pass).
+
+    SOFTCAP: ``qk_scale = scale / softcap`` (tanh's argument) and ``softcap2 = softcap *
+    log2(e)``; else ``qk_scale = scale * log2(e)``. ALIBI: ``slope2 = slope * log2(e)`` of this
+    (batch, query head), the bias ``-slope2 * |i + c - j|``."""
+    if SOFTCAP:
+        t = _tanh(qk * qk_scale)
+        s = t * softcap2
+    else:
+        s = qk * qk_scale
+        t = s
+    if ALIBI:
+        s = s - slope2 * tl.abs(q_idx + (n_k - n_q) - kv_idx).to(s.dtype)
+    return s, t
+
+
+@triton.jit
+def _in_window(q_idx, kv_idx, n_q, n_k, win_left, win_right):
+    """Whether key ``kv_idx`` is in row ``q_idx``'s window, ``i + c - win_left <= j <= i + c +
+    win_right`` (c = n_k - n_q; causal folded in by the host), for broadcastable indices."""
+    diag = q_idx + (n_k - n_q)
+    return (kv_idx >= diag - win_left) & (kv_idx <= diag + win_right)
+
+
+@triton.jit
+def _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI: tl.constexpr,
+                 ACC_DTYPE: tl.constexpr):
+    """The ALiBi slope of (batch off_b, query head off_h) times log2(e) (stride_ab = 0 for slopes
+    of shape (Hq,)); 0 without ALIBI (unused)."""
+    if ALIBI:
+        slope = tl.load(Slopes + off_b * stride_ab + off_h * stride_ah).to(ACC_DTYPE)
+        slope2 = slope * tl.full([], 1.4426950408889634, ACC_DTYPE)
+    else:
+        slope2 = tl.zeros([], ACC_DTYPE)
+    return slope2
+
+
+@triton.jit
 def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     """First query row of this program's tile. Causal: programs run the last query tiles (the
     ones that see the most keys) first, so the lightest tiles fill the GPU's last wave."""
@@ -240,19 +374,21 @@ def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 def _fwd_inner(
     acc, m_i, l_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b, off_hkv,
-    offs_m, lo, hi, n_q, n_k, qk_scale,
+    offs_m, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-    WIDE_ROWS: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
 
     K and V come through :func:`_load_rows`: descriptors (TMA) or pointers at the kv head.
+    Logits: scaled, or through the score variants (:func:`_modified_scores`).
 
-    m_i is the running row maximum in base-2 units; MASKED tiles hide keys >= n_k and, when
-    CAUSAL, keys right of the diagonal. A row that has seen no key yet keeps m_i = -inf; it is
-    subtracted as 0 so that exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+    m_i is the running row maximum in base-2 units; MASKED tiles hide keys outside the window
+    (WINDOW: :func:`_in_window`), keys >= n_k and, when CAUSAL, keys right of the diagonal. A
+    row that has seen no key yet keeps m_i = -inf; it is subtracted as 0 so that
+    exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -260,8 +396,16 @@ def _fwd_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, off_b, off_hkv, start_n, offs_n, offs_d, stride_kn, stride_kd,
                        n_k, head_dim, EVEN_D, MASKED, TMA, WIDE_ROWS)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP or ALIBI:
+            s, _ = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
+                                    SOFTCAP, softcap2, ALIBI, slope2)
+        else:
+            s = qk * qk_scale
         if MASKED:
+            if WINDOW:
+                s = tl.where(_in_window(offs_m[:, None], offs_n[None, :], n_q, n_k, win_left,
+                                        win_right), s, float("-inf"))
             visible = (offs_n < n_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
@@ -291,18 +435,26 @@ def _attn_fwd(
     stride_ob, stride_oh, stride_om, stride_od,
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah, Sinks, stride_z,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SINKS: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """o and lse for one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq).
 
-    LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e), passed as fp64 so that
-    fp64 runs are not rounded through fp32. TMA: Q, K, V, Out are 4-D tensor descriptors with
-    boxes (1, 1, rows, padded head dim) and the strides are unused; else they are pointers,
-    addressed with 64-bit row offsets when WIDE_ROWS (:func:`_wide_tile_ptrs`).
+    LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e) (scale / softcap with
+    SOFTCAP: :func:`_modified_scores`), passed as fp64 so that fp64 runs are not rounded
+    through fp32. TMA: Q, K, V, Out are 4-D tensor descriptors with boxes (1, 1, rows, padded
+    head dim) and the strides are unused; else they are pointers, addressed with 64-bit row
+    offsets when WIDE_ROWS (:func:`_wide_tile_ptrs`).
+
+    Variants: WINDOW, the band win_left, win_right (:func:`_window_key_range`); SOFTCAP, softcap2;
+    ALIBI, fp32 Slopes of strides (stride_ab, stride_ah); SINKS, fp32 Sinks (Hq,) of stride
+    stride_z, each the running max's and sum's start (z_h * log2(e), 1). Unused ones are 0
+    (pointers: any tensor).
     """
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
@@ -323,28 +475,49 @@ def _attn_fwd(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
+    slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
 
     q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q,
                    head_dim, EVEN_D, True, TMA, WIDE_ROWS)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
-    m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
-    l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+    if SINKS:  # the sink: a key of logit z_h with no value, already seen
+        z2 = tl.load(Sinks + off_h * stride_z).to(ACC_DTYPE) * tl.full([], 1.4426950408889634, ACC_DTYPE)
+        m_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE) + z2
+        l_i = tl.full([BLOCK_M], 1.0, ACC_DTYPE)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
+        l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
 
-    full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        lo, full_lo, full_hi, hi = _window_key_range(start_m, N_Q, N_K, win_left, win_right,
+                                                     BLOCK_M, BLOCK_N)
+        # the window's left edge: masked
+        acc, m_i, l_i = _fwd_inner(
+            acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
+            off_hkv, offs_m, lo, full_lo, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+        )
+    else:
+        full_lo = 0
+        full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     # whole tiles every row sees: no masks
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
-        off_hkv, offs_m, 0, full_hi, N_Q, N_K, scale2, head_dim, head_dim_v, EVEN_D, EVEN_DV,
-        BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION, TMA, WIDE_ROWS,
+        off_hkv, offs_m, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
     )
-    # the diagonal and the ragged end of the keys: masked
+    # the diagonal (or the window's right edge) and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
-        off_hkv, offs_m, full_hi, hi, N_Q, N_K, scale2, head_dim, head_dim_v, EVEN_D, EVEN_DV,
-        BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION, TMA, WIDE_ROWS,
+        off_hkv, offs_m, full_hi, hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
     )
 
-    # epilogue: rows that saw no key have l_i = 0 -> o = 0, lse = -inf
+    # epilogue: rows that saw no key (nor a sink) have l_i = 0 -> o = 0, lse = -inf
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
     ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
@@ -417,16 +590,19 @@ def _bwd_dkdv_inner(
     dk, dv, k, v,
     q_base, do_base, lse2_base, delta_base,
     stride_qm, stride_qd, stride_dom, stride_dod,
-    offs_n, lo, hi, n_q, n_k, qk_scale,
+    offs_n, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
-    MASKED: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi).
 
-    Works on transposed tiles (keys x queries). Query rows >= n_q load q = dO = lse2 = Delta = 0
-    and so contribute exactly 0; key rows >= n_k only touch their own (never stored) rows.
-    MASKED tiles (the causal diagonal) hide queries left of the diagonal.
+    Works on transposed tiles (keys x queries). Query rows >= n_q load q = dO = Delta = 0 (and
+    lse2 = 0, or +inf with ALIBI: P = 0) and so contribute exactly 0; key rows >= n_k only touch
+    their own (never stored) rows. MASKED tiles hide the queries left of the diagonal, or,
+    WINDOW, the pairs outside the window (:func:`_in_window`). SOFTCAP: dS is chained through
+    the softcap, dS * (1 - tanh^2).
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -437,16 +613,29 @@ def _bwd_dkdv_inner(
                        EVEN_D, True, WIDE_ROWS)
         do = _load_tile(do_base, start_m, offs_m, offs_dv, stride_dom, stride_dod, n_q,
                         head_dim_v, EVEN_DV, True, WIDE_ROWS)
-        lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=0.0)
+        # rows >= n_q: lse2 = 0 makes P = exp2(s) = 1 (q = 0), or, with ALiBi, +inf makes P = 0
+        # (the bias alone could overflow exp2 there, and inf * 0 = NaN would reach dK, dV)
+        lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=float("inf") if ALIBI else 0.0)
         delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
 
-        s_t = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
+        qk_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        if SOFTCAP or ALIBI:
+            s_t, t_t = _modified_scores(qk_t, offs_m[None, :], offs_n[:, None], n_q, n_k, qk_scale,
+                                        SOFTCAP, softcap2, ALIBI, slope2)
+        else:
+            s_t = qk_t * qk_scale
         if MASKED:
-            s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, float("-inf"))
+            if WINDOW:
+                s_t = tl.where(_in_window(offs_m[None, :], offs_n[:, None], n_q, n_k, win_left,
+                                          win_right), s_t, float("-inf"))
+            else:
+                s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, float("-inf"))
         p_t = tl.exp2(s_t - lse2[None, :])
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
         ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - t_t * t_t)
         dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION, out_dtype=dk.dtype)
     return dk, dv
 
@@ -462,14 +651,17 @@ def _attn_bwd_dkdv(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     H_KV, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
-    read it. WIDE_ROWS: 64-bit row offsets (:func:`_wide_tile_ptrs`).
-    Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
+    read it (each with its own ALiBi slope). WIDE_ROWS: 64-bit row offsets
+    (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_fwd`'s (sinks do not
+    enter: the lse they changed is the forward's). Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
     start_n = tl.program_id(0) * BLOCK_N
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_KV).to(tl.int64)
@@ -478,6 +670,7 @@ def _attn_bwd_dkdv(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
 
     k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh, start_n, offs_n, offs_d,
                    stride_kn, stride_kd, N_K, head_dim, EVEN_D, True, WIDE_ROWS)
@@ -486,16 +679,21 @@ def _attn_bwd_dkdv(
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
 
-    # Query tiles that see this key tile: rows i >= start_n - offset see key start_n; rows
-    # i >= start_n + BLOCK_N - 1 - offset see the whole tile (unmasked from full_lo on).
-    if CAUSAL:
-        offset = N_K - N_Q
-        lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
-        full_lo = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
-        full_lo = tl.maximum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, lo)
+    if WINDOW:  # query tiles [lo, full_lo) and [full_hi, hi) masked, whole ones between
+        lo, full_lo, full_hi, hi = _window_query_range(start_n, N_Q, N_K, win_left, win_right,
+                                                       BLOCK_M, BLOCK_N)
     else:
-        lo = 0
-        full_lo = 0
+        # Query tiles that see this key tile: rows i >= start_n - offset see key start_n; rows
+        # i >= start_n + BLOCK_N - 1 - offset see the whole tile (unmasked from full_lo on).
+        if CAUSAL:
+            offset = N_K - N_Q
+            lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+            full_lo = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
+            full_lo = tl.maximum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, lo)
+        else:
+            lo = 0
+            full_lo = 0
+        full_hi = N_Q
     masked_hi = tl.minimum(full_lo, N_Q)
 
     for g in range(0, GROUP):
@@ -503,20 +701,29 @@ def _attn_bwd_dkdv(
         rows = (off_b * H_KV * GROUP + off_h) * N_Q
         q_base = Q + off_b * stride_qb + off_h * stride_qh
         do_base = DO + off_b * stride_dob + off_h * stride_doh
+        slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
-            offs_n, lo, masked_hi, N_Q, N_K, scale2,
-            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M, True, PRECISION,
-            WIDE_ROWS,
+            offs_n, lo, masked_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+            True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
         )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
-            offs_n, full_lo, N_Q, N_Q, N_K, scale2,
-            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M, False, PRECISION,
-            WIDE_ROWS,
+            offs_n, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+            False, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
         )
+        if WINDOW:  # the window's left edge: masked
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
+                stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, full_hi, hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+                head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+                True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+            )
 
     dk = dk * tl.full([], sm_scale, ACC_DTYPE)
     _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh, dk, start_n, offs_n, offs_d,
@@ -534,13 +741,14 @@ def _attn_bwd_dkdv(
 def _bwd_dq_inner(
     dq, q, do, lse2, delta,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m, lo, hi, n_q, n_k, qk_scale,
+    offs_m, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Accumulate dQ (unscaled) of one query tile over key tiles [lo, hi); MASKED tiles hide
-    keys >= n_k and, when CAUSAL, keys right of the diagonal."""
+    keys as :func:`_fwd_inner`'s do. SOFTCAP: dS * (1 - tanh^2)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -549,8 +757,16 @@ def _bwd_dq_inner(
                        head_dim, EVEN_D, MASKED, WIDE_ROWS)
         v = _load_tile(v_base, start_n, offs_n, offs_dv, stride_vn, stride_vd, n_k,
                        head_dim_v, EVEN_DV, MASKED, WIDE_ROWS)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP or ALIBI:
+            s, t = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
+                                    SOFTCAP, softcap2, ALIBI, slope2)
+        else:
+            s = qk * qk_scale
         if MASKED:
+            if WINDOW:
+                s = tl.where(_in_window(offs_m[:, None], offs_n[None, :], n_q, n_k, win_left,
+                                        win_right), s, float("-inf"))
             visible = (offs_n < n_k)[None, :]
             if CAUSAL:
                 visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
@@ -558,6 +774,8 @@ def _bwd_dq_inner(
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
         dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)
     return dq
 
@@ -572,13 +790,16 @@ def _attn_bwd_dq(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    CAUSAL: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
-    (:func:`_wide_tile_ptrs`). Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
+    (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_bwd_dkdv`'s.
+    Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
@@ -589,6 +810,8 @@ def _attn_bwd_dq(
     offs_dv = tl.arange(0, BLOCK_DV)
     rows = off_bh.to(tl.int64) * N_Q + offs_m
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
+    slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
 
     q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh, start_m, offs_m, offs_d,
                    stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True, WIDE_ROWS)
@@ -600,18 +823,30 @@ def _attn_bwd_dq(
 
     k_base = K + off_b * stride_kb + off_hkv * stride_kh
     v_base = V + off_b * stride_vb + off_hkv * stride_vh
-    full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    if WINDOW:
+        lo, full_lo, full_hi, hi = _window_key_range(start_m, N_Q, N_K, win_left, win_right,
+                                                     BLOCK_M, BLOCK_N)
+        # the window's left edge: masked
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, lo, full_lo, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+        )
+    else:
+        full_lo = 0
+        full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, 0, full_hi, N_Q, N_K, scale2,
-        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, False, CAUSAL, PRECISION,
-        WIDE_ROWS,
+        offs_m, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
     )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, full_hi, hi, N_Q, N_K, scale2,
-        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N, True, CAUSAL, PRECISION,
-        WIDE_ROWS,
+        offs_m, full_hi, hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
     )
     dq = dq * tl.full([], sm_scale, ACC_DTYPE)
     _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh, dq, start_m, offs_m, offs_d,
@@ -767,7 +1002,8 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 
 
 #: What the autotuner keys its tunings on (each pass takes those of its own parameters).
-_TUNING_KEY = ("BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "SEQ_CLASS", "TMA", "WIDE_ROWS")
+_TUNING_KEY = ("BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "WINDOW", "SOFTCAP", "ALIBI",
+               "SINKS", "SEQ_CLASS", "TMA", "WIDE_ROWS")
 
 
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
@@ -777,8 +1013,10 @@ def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) ->
         # run one compiled kernel (BLOCK_D = 128, EVEN_D false), so they share one tuning
         # instead of each distinct D tuning (compiling and timing every config) again. The
         # dtype of every tensor is keyed too; SEQ_CLASS separates short and long sequences;
-        # TMA (forward only: the backward kernels have no such argument, so their key leaves it
-        # out; Triton >= 3.7 refuses a key naming a parameter the kernel does not take).
+        # TMA and SINKS (forward only: the backward kernels have no such argument, so their key
+        # leaves them out; Triton >= 3.7 refuses a key naming a parameter the kernel does not
+        # take). The variants' switches are keyed: a softcap's tanh or a window's extra loop
+        # changes which tiles are fastest.
         # WIDE_ROWS (64-bit row offsets, tensors past 2^31 elements) is keyed too, though the
         # same tiles fit: its kernels spill differently (sm_90a, D = 128, the forward's
         # 128x64 w4 loop: 39 local loads per pass, 7 with 32-bit offsets), so a tuning done on
@@ -952,21 +1190,25 @@ def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
     return tiles
 
 
-def launch_meta(q: Tensor, v: Tensor, causal: bool) -> dict:
+def launch_meta(q: Tensor, v: Tensor, causal: bool, *, window: bool = False, softcap: bool = False,
+                alibi: bool = False) -> dict:
     """Keyword parameters shared by the forward and backward kernels of :data:`PASSES` for
     queries like ``q`` and values like ``v`` (shapes and dtype only: meta tensors do): the head
     dims (runtime values) and the compile-time constants, among them the tile widths, which
     every head dim padding to the same width shares (one compilation for D = 65..128, not one
-    per D). ``WIDE_ROWS`` is False (32-bit row offsets: what a launch whose tensors span at
-    most 2^31 - 1 elements compiles); each launch sets it from its own tensors with
-    :func:`wide_rows`. The forward adds ``TMA``; the launch adds ``BLOCK_M`` and ``BLOCK_N``."""
+    per D), and the variants' switches (``CAUSAL``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``: a window
+    carries causality itself, :func:`resolve_band`). ``WIDE_ROWS`` is False (32-bit row offsets: what
+    a launch whose tensors span at most 2^31 - 1 elements compiles); each launch sets it from
+    its own tensors with :func:`wide_rows`. The forward adds ``TMA`` and ``SINKS``; the launch
+    adds ``BLOCK_M`` and ``BLOCK_N``."""
     d, dv = q.shape[-1], v.shape[-1]
     block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
     return {
         "head_dim": d, "head_dim_v": dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv,
         "SEQ_CLASS": int(max(q.shape[2], v.shape[2]) >= _LONG_SEQUENCE),
-        "CAUSAL": bool(causal),
+        "CAUSAL": bool(causal), "WINDOW": bool(window), "SOFTCAP": bool(softcap),
+        "ALIBI": bool(alibi),
         "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "PRECISION": "ieee",
         "WIDE_ROWS": False,
@@ -1033,7 +1275,68 @@ def _tma_ready(*tensors: Tensor) -> bool:
     )
 
 
-def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+Window = tuple[int, int] | None  # (win_left, win_right), both finite; None: no window
+
+
+@dataclass(frozen=True)
+class _Mods:
+    """The variants of one call as the kernels take them.
+
+    Attributes:
+        causal: the ``CAUSAL`` switch (False when ``window`` carries causality).
+        window: ``(win_left, win_right)``, both finite (:func:`resolve_band`), or None: no ``WINDOW``.
+        softcap: the cap; 0 is off.
+        slopes: float32 ALiBi slopes (Hq,) or (B, Hq), or None.
+        sinks: float32 sink logits (Hq,), or None.
+    """
+
+    causal: bool
+    window: Window = None
+    softcap: float = 0.0
+    slopes: Tensor | None = None
+    sinks: Tensor | None = None
+
+
+def resolve_band(causal: bool, window: Window, nq: int, nk: int) -> tuple[bool, Window]:
+    """The (CAUSAL, window) the kernels run for ``causal`` and ``window_size`` on Nq queries and
+    Nk keys: query i sees keys ``i + c - left .. i + c + right`` (c = Nk - Nq) with both sides
+    finite. A side that cuts no key (-1, or at least Nk on the left, Nq on the right, past every
+    key of every row) becomes Nk (Nq); causal makes the right side 0. A band whose left side
+    cuts nothing and whose right side is 0 is the causal diagonal itself: CAUSAL, no window; one
+    that cuts nothing at all is no window."""
+    left, right = (-1, -1) if window is None else window
+    left_cuts = 0 <= left < nk
+    right = 0 if causal else (right if 0 <= right < nq else nq)
+    if not left_cuts and right == 0:
+        return True, None
+    if not left_cuts and right == nq:
+        return False, None
+    return False, (left if left_cuts else nk, right)
+
+
+def _variant_args(spare: Tensor, mods: _Mods, scale: float) -> tuple:
+    """The kernels' runtime arguments after their sizes: ``qk_scale`` and the variants' ``win_left,
+    win_right, softcap2, Slopes, stride_ab, stride_ah`` (:func:`_attn_fwd`); an unused pointer
+    points at ``spare`` (any tensor of the call), unused integers are 0."""
+    win_left, win_right = mods.window or (0, 0)
+    qk_scale = scale / mods.softcap if mods.softcap else scale * LOG2E
+    slopes = mods.slopes if mods.slopes is not None else spare
+    if mods.slopes is None:
+        stride_ab, stride_ah = 0, 0
+    elif mods.slopes.dim() == 1:
+        stride_ab, stride_ah = 0, mods.slopes.stride(0)
+    else:
+        stride_ab, stride_ah = mods.slopes.stride()
+    return qk_scale, win_left, win_right, mods.softcap * LOG2E, slopes, stride_ab, stride_ah
+
+
+def _switches(q: Tensor, v: Tensor, mods: _Mods) -> dict:
+    """:func:`launch_meta` for ``mods``."""
+    return launch_meta(q, v, mods.causal, window=mods.window is not None, softcap=bool(mods.softcap),
+                       alibi=mods.slopes is not None)
+
+
+def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
              tiles: Tiles) -> tuple[Tensor, Tensor]:
     b, hq, nq, _ = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
@@ -1043,24 +1346,28 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
     tensors = (q, k, v, o)
     strides = [t.stride() for t in tensors]
     tma = _tma_ready(*tensors)
-    meta = {**launch_meta(q, v, causal), "TMA": tma, "WIDE_ROWS": not tma and wide_rows(*tensors)}
+    meta = {**_switches(q, v, mods), "SINKS": mods.sinks is not None, "TMA": tma,
+            "WIDE_ROWS": not tma and wide_rows(*tensors)}
     if meta["TMA"]:  # boxes sized here for explicit tiles, by _descriptor_boxes when tuned
         tensors = tuple(TensorDescriptor(t, list(t.shape), list(st), [1, 1, 16, 16])
                         for t, st in zip(tensors, strides, strict=True))
         block_m, block_n = tiles or (16, 16)
         _descriptor_boxes({**dict(zip(("Q", "K", "V", "Out"), tensors, strict=True)), **meta,
                            "BLOCK_M": block_m, "BLOCK_N": block_n})
-    args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk, scale * LOG2E)
+    sinks = (lse, 0) if mods.sinks is None else (mods.sinks, mods.sinks.stride(0))
+    args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk,
+            *_variant_args(lse, mods, scale), *sinks)
     _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm), b * hq), args, meta, tiles)
     return o, lse
 
 
 def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
-              lse: Tensor, causal: bool, scale: float,
-              tiles: Tiles) -> tuple[Tensor, Tensor, Tensor]:
+              lse: Tensor, mods: _Mods, scale: float, tiles: Tiles,
+              sinks_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """(dq, dk, dv, dsinks); dsinks (float32, as the sinks) only when ``sinks_grad``."""
     b, hq, nq, _ = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    meta = launch_meta(q, v, causal)
+    meta = _switches(q, v, mods)
 
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
@@ -1076,39 +1383,53 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    qk_scale, *variant = _variant_args(lse, mods, scale)
     _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
-             hkv, hq // hkv, nq, nk, scale * LOG2E, scale),
+             hkv, hq // hkv, nq, nk, qk_scale, scale, *variant),
             {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dk, dv)}, tiles)
     _launch("bwd_dq", lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
             (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
-             hq, hq // hkv, nq, nk, scale * LOG2E, scale),
+             hq, hq // hkv, nq, nk, qk_scale, scale, *variant),
             {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dq)}, tiles)
-    return dq, dk, dv
+    dsinks = None
+    if sinks_grad:  # dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi (0 on rows of lse = -inf)
+        z = mods.sinks.to(lse.dtype)[None, :, None]
+        p_sink = torch.where(lse == float("-inf"), 0.0, torch.exp(z - lse))
+        dsinks = -(p_sink * delta).sum((0, 2)).to(mods.sinks.dtype)
+    return dq, dk, dv, dsinks
 
 
 class _FlashAttention(torch.autograd.Function):
-    """Autograd glue: (o, lse) forward, gradients for q, k, v (lse is differentiable too)."""
+    """Autograd glue: (o, lse) forward, gradients for q, k, v and the sinks (lse is
+    differentiable too). The ALiBi slopes take no gradient."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float,
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, slopes: Tensor | None,
+                causal: bool, window: Window, softcap: float, scale: float,
                 tiles: Tiles) -> tuple[Tensor, Tensor]:
-        o, lse = _forward(q, k, v, causal, scale, tiles)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.tiles = causal, scale, tiles
+        mods = _Mods(causal, window, softcap, slopes, sinks)
+        o, lse = _forward(q, k, v, mods, scale, tiles)
+        ctx.save_for_backward(q, k, v, o, lse, sinks, slopes)
+        ctx.args = (causal, window, softcap, scale, tiles)
         return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do: Tensor, dlse: Tensor):
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(do, dlse, q, k, v, o, lse, ctx.causal, ctx.scale, ctx.tiles)
-        return dq, dk, dv, None, None, None
+        q, k, v, o, lse, sinks, slopes = ctx.saved_tensors
+        causal, window, softcap, scale, tiles = ctx.args
+        mods = _Mods(causal, window, softcap, slopes, sinks)
+        dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, mods, scale, tiles,
+                                       sinks is not None and ctx.needs_input_grad[3])
+        return dq, dk, dv, dsinks, None, None, None, None, None, None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: float | None = None, block_m: int | None = None,
-              block_n: int | None = None) -> tuple[Tensor, Tensor]:
+              block_n: int | None = None, window_size: tuple[int, int] | None = None,
+              softcap: float = 0.0, alibi_slopes: Tensor | None = None,
+              sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Fused FlashAttention-2: returns (o, lse).
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), any strides, Hq % Hkv == 0.
@@ -1117,19 +1438,34 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     autotunes them (16-bit inputs with Nq * Nk >= 512^2; fixed tiles otherwise) and the
     interpreter uses 32 x 32. o has q's dtype and shape (..., Dv); lse is
     (B, Hq, Nq) in fp32 (fp64 for fp64 inputs), natural log, -inf on rows that see no key.
-    Differentiable in q, k, v (deterministic backward, no atomics).
+    Differentiable in q, k, v and ``sinks`` (deterministic backward, no atomics).
+
+    Variants (``docs/variants.md``, checked by ``contract.validate.check_variants``):
+    ``window_size=(left, right)`` (-1: unbounded side), ``softcap`` (0: off), ``alibi_slopes``
+    float32 (Hq,) or (B, Hq), ``sinks`` float32 (Hq,) (a row that sees no key gets lse = z_h).
     """
     tiles = _check_inputs(q, k, v, scale, block_m, block_n)
+    b, hq, nq, _ = q.shape
+    var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
+                         alibi_slopes=alibi_slopes, sinks=sinks)
+    band_causal, window = resolve_band(bool(causal), var.window, nq, k.shape[2])
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
     with device:
-        return _FlashAttention.apply(q, k, v, bool(causal), sm_scale, tiles)
+        return _FlashAttention.apply(q, k, v, var.sinks, var.alibi_slopes, band_causal, window,
+                                     var.softcap, sm_scale, tiles)
+
+
+#: The variants the dense entry point takes, forward and backward, in every combination with
+#: causal, GQA, Dv != D and the declared dtypes (varlen and KV-cache decode are not here).
+_VARIANTS = {"window": True, "softcap": True, "alibi": ALIBI_SHAPES, "sinks": True,
+             "variant_backward": frozenset({"window", "softcap", "alibi", "sinks"})}
 
 
 def _capabilities() -> Capabilities:
     """What ``attention`` declares, chosen at import: under the interpreter CPU tensors in fp16,
     fp32, fp64; compiled, CUDA tensors in all four dtypes; neither (no GPU, no interpreter):
-    no device at all."""
+    no device at all. The variants (:data:`_VARIANTS`) everywhere."""
     bf16_on_cpu = Limit(
         reason=_BF16_INTERPRETER_REASON,
         applies=lambda p: p.device == "cpu" and p.dtype == torch.bfloat16,
@@ -1137,7 +1473,8 @@ def _capabilities() -> Capabilities:
     if INTERPRET:
         dtypes = frozenset({torch.float16, torch.float32, torch.float64})
         return Capabilities(dtypes=dtypes, devices=frozenset({"cpu"}), block_m=TILE_SIZES,
-                            block_n=TILE_SIZES, fp32_matmul="ieee", limits=(bf16_on_cpu,))
+                            block_n=TILE_SIZES, fp32_matmul="ieee", limits=(bf16_on_cpu,),
+                            **_VARIANTS)
     tiles_too_big = Limit(
         reason=_SMEM_REASON,
         applies=lambda p: (p.block_m is not None or p.block_n is not None) and not
@@ -1151,7 +1488,7 @@ def _capabilities() -> Capabilities:
     devices = frozenset({"cuda"}) if torch.cuda.is_available() else frozenset()
     return Capabilities(dtypes=frozenset(_ALL_DTYPES), devices=devices, block_m=TILE_SIZES,
                         block_n=TILE_SIZES, fp32_matmul="ieee",
-                        limits=(bf16_on_cpu, tiles_too_big, grid_y))
+                        limits=(bf16_on_cpu, tiles_too_big, grid_y), **_VARIANTS)
 
 
 attention.capabilities = _capabilities()

@@ -45,10 +45,10 @@ from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
 #: classes); the rest follow alphabetically, then LAST (slow, or blind to wrong arithmetic).
 FIRST = (
     "test_golden.py",
+    "test_precision.py",
     "test_variants.py",
     "test_robustness.py",
     "test_determinism.py",
-    "test_precision.py",
 )
 LAST = ("test_gradcheck.py", "test_error_contract.py")
 CORRECT_KERNELS = ("triton", "ref-blocked")  # slowest first
