@@ -56,19 +56,21 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def make_call(kern: Kernel, cfg: Config) -> Callable[[], object]:
-    """The timed callable: forward under no_grad, or forward and ``autograd.grad``."""
+    """The timed callable: forward under no_grad, or forward and ``autograd.grad`` (with the
+    row's variant keywords, :meth:`Config.variant_kwargs`)."""
     q, k, v, do = cfg.inputs()
+    variant = cfg.variant_kwargs()
     if cfg.mode == "fwd":
 
         def forward() -> torch.Tensor:
             with torch.no_grad():
-                return kern(q, k, v, causal=cfg.causal)[0]
+                return kern(q, k, v, causal=cfg.causal, **variant)[0]
 
         return forward
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
 
     def forward_backward() -> tuple[torch.Tensor, ...]:
-        o = kern(q, k, v, causal=cfg.causal)[0]
+        o = kern(q, k, v, causal=cfg.causal, **variant)[0]
         return torch.autograd.grad(o, (q, k, v), do)
 
     return forward_backward

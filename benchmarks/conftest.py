@@ -10,6 +10,8 @@ Options (each also read from an environment variable, the option wins):
     --bench-dtypes    FLASHPROP_BENCH_DTYPES    e.g. bf16,fp16 (or bfloat16,float16)
     --bench-modes     FLASHPROP_BENCH_MODES     fwd and/or fwd+bwd
     --bench-subset    FLASHPROP_BENCH_SUBSET    a named subset of benchmarks.grid.SUBSETS
+    --bench-variants  FLASHPROP_BENCH_VARIANTS  rows' variants (benchmarks.grid.VARIANTS), e.g.
+                                                dense,softcap (default: dense)
     --bench-report    FLASHPROP_BENCH_REPORT    folder for the plot and markdown table, written
                                                 together with --benchmark-json
 The device comes from the root conftest's ``--device`` (default: cuda when available).
@@ -47,6 +49,7 @@ _OPTIONS = {
     "--bench-dtypes": "FLASHPROP_BENCH_DTYPES",
     "--bench-modes": "FLASHPROP_BENCH_MODES",
     "--bench-subset": "FLASHPROP_BENCH_SUBSET",
+    "--bench-variants": "FLASHPROP_BENCH_VARIANTS",
     "--bench-report": "FLASHPROP_BENCH_REPORT",
 }
 
@@ -85,6 +88,7 @@ def grid_spec(config: pytest.Config, device: str) -> GridSpec:
         modes=parse_names(bench_option(config, "--bench-modes"), base.modes),
         tokens=base.tokens,
         hidden=base.hidden,
+        variants=parse_names(bench_option(config, "--bench-variants"), base.variants),
     )
 
 

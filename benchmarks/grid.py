@@ -7,6 +7,10 @@ hidden sizes down (256 tokens, H*D = 128, D = 64, float32) so that the pure-PyTo
 interpreted kernels finish in seconds.
 
 FLOPs: forward 4*B*H*N*N*D (halved when causal); backward 2.5x forward; forward+backward 3.5x.
+
+Variant rows (``GridSpec.variants``, ``--bench-variants``): the dense rows' shapes with one
+variant's keywords added to the call (:data:`VARIANTS`, :meth:`Config.variant_kwargs`); a
+window row counts only the (query, key) pairs its band keeps.
 """
 
 from __future__ import annotations
@@ -21,6 +25,12 @@ MODES = ("fwd", "fwd+bwd")
 MODE_FLOP_FACTOR = {"fwd": 1.0, "fwd+bwd": 3.5}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
 LONG_DTYPE = {short: name for name, short in SHORT_DTYPE.items()}
+#: The rows' variants: the dense call, or it with a softcap of SOFTCAP (Gemma 2's attention
+#: logits), ALiBi's slopes 2^(-8 (h + 1) / H) per head, one sink logit per head (gpt-oss), or a
+#: sliding window of WINDOW keys on each side the row's mask allows (left only when causal).
+VARIANTS = ("dense", "softcap", "alibi", "sinks", "window")
+SOFTCAP = 50.0
+WINDOW = 1024
 
 
 @dataclass(frozen=True)
@@ -34,6 +44,7 @@ class GridSpec:
     modes: tuple[str, ...] = MODES
     tokens: int = 16384
     hidden: int = 2048
+    variants: tuple[str, ...] = ("dense",)
 
 
 GPU_GRID = GridSpec(
@@ -62,6 +73,7 @@ class Config:
     tokens: int
     hidden: int
     device: str
+    variant: str = "dense"
 
     @property
     def b(self) -> int:
@@ -76,18 +88,44 @@ class Config:
         return DTYPES_BY_NAME[self.dtype]
 
     @property
+    def window(self) -> tuple[int, int] | None:
+        """The window row's ``window_size`` (None on other rows)."""
+        return (WINDOW, 0 if self.causal else WINDOW) if self.variant == "window" else None
+
+    @property
     def flops(self) -> float:
-        """FLOPs of the mode: 4*B*H*N*N*D forward, halved when causal, times the mode factor."""
-        fwd = 4.0 * self.b * self.h * self.n * self.n * self.d
-        if self.causal:
-            fwd /= 2
-        return fwd * MODE_FLOP_FACTOR[self.mode]
+        """FLOPs of the mode: 4*B*H*N*N*D forward, halved when causal, times the mode factor; a
+        window row's N*N is the number of (query, key) pairs its band keeps."""
+        pairs = self.n * self.n / (2 if self.causal else 1)
+        if self.window is not None:
+            left, right = self.window
+            pairs = sum(min(self.n - 1, i + right) - max(0, i - left) + 1 for i in range(self.n))
+        return 4.0 * self.b * self.h * pairs * self.d * MODE_FLOP_FACTOR[self.mode]
 
     @property
     def label(self) -> str:
-        """Stable human-readable key, e.g. ``fwd d64 causal N4096 bf16``."""
+        """Stable human-readable key, e.g. ``fwd d64 causal N4096 bf16`` (a variant row's ends
+        with the variant: ``... bf16 softcap``)."""
         mask = "causal" if self.causal else "full"
-        return f"{self.mode} d{self.d} {mask} N{self.n} {SHORT_DTYPE[self.dtype]}"
+        variant = "" if self.variant == "dense" else f" {self.variant}"
+        return f"{self.mode} d{self.d} {mask} N{self.n} {SHORT_DTYPE[self.dtype]}{variant}"
+
+    def variant_kwargs(self) -> dict[str, object]:
+        """The keywords the row adds to the dense call (on the row's device; sinks require grad
+        in fwd+bwd rows, so their gradient is part of the time)."""
+        h = self.h
+        if self.variant == "softcap":
+            return {"softcap": SOFTCAP}
+        if self.variant == "alibi":
+            slopes = [2.0 ** (-8.0 * (i + 1) / h) for i in range(h)]
+            return {"alibi_slopes": torch.tensor(slopes, dtype=torch.float32, device=self.device)}
+        if self.variant == "sinks":
+            g = torch.Generator(device=self.device).manual_seed(0)
+            z = torch.randn(h, generator=g, device=self.device, dtype=torch.float32)
+            return {"sinks": z.requires_grad_(self.mode == "fwd+bwd")}
+        if self.variant == "window":
+            return {"window_size": self.window}
+        return {}
 
     def problem(self) -> Problem:
         """The :class:`Problem` a kernel's capabilities are asked about."""
@@ -102,6 +140,10 @@ class Config:
             dtype=self.torch_dtype,
             causal=self.causal,
             device=self.device,
+            window=self.window,
+            softcap=SOFTCAP if self.variant == "softcap" else 0.0,
+            alibi=("head", 1.0) if self.variant == "alibi" else None,
+            sinks="mixed" if self.variant == "sinks" else None,
         )
 
     def inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
@@ -132,8 +174,12 @@ SIZE_LIMITS: dict[tuple[str, str], tuple[int, str]] = {
 def configs(spec: GridSpec, device: str, subset: str | None = None) -> list[Config]:
     """Every configuration of ``spec`` (restricted to a named subset), in a stable order."""
     allowed = SUBSETS[subset] if subset else None
+    unknown = sorted(set(spec.variants) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown benchmark variants {unknown}: known {list(VARIANTS)}")
     return [
-        Config(n, d, causal, dtype, mode, spec.tokens, spec.hidden, device)
+        Config(n, d, causal, dtype, mode, spec.tokens, spec.hidden, device, variant)
+        for variant in spec.variants
         for dtype in spec.dtypes
         for d in spec.head_dims
         for causal in spec.causal
