@@ -370,6 +370,7 @@ class Problem:
         judged: Sequence[str] = ("o", "lse"),
         returns_lse: bool = True,
         inputs: tuple[str, str] | None = None,
+        replay: str | None = None,
     ) -> str:
         """Python (a script, run from the folder the kernel spec is relative to) that rebuilds the
         problem's tensors, calls the problem's entry point (``mode``: ``attn``, ``attn.varlen`` or
@@ -381,7 +382,9 @@ class Problem:
         kernel returns ``(o, lse)`` (else ``o`` alone, and lse is not judged). ``inputs``:
         ``(module, expression)`` of a function returning ``(KernelInputs, dO)`` that builds the
         tensors instead (the huge and spread layouts of ``harness.scale_problems``). With nothing
-        ``judged`` the script only makes the call."""
+        ``judged`` the script only makes the call. ``replay``: the command that replays the
+        property on the problem, which ``show`` runs when this one call is within budget (the
+        property compares runs, or runs transformed inputs)."""
         judged = [n for n in judged if returns_lse or n != "lse"]
         backward = any(n in _GRADIENTS for n in judged)
         lines = ["import torch", "from flashprop.contract.problem import Problem",
@@ -414,7 +417,8 @@ class Problem:
             lines.append(f"{', '.join('d' + t for t in wrt)} = torch.autograd.grad("
                          f"o, ({', '.join(wrt)}), {grad_output}, allow_unused=True)")
         if judged:
-            lines.append(f"show(p, kernel, {', '.join(f'{n}={n}' for n in judged)})")
+            then = [] if replay is None else [f"replay={replay!r}"]
+            lines.append(f"show(p, kernel, {', '.join([*(f'{n}={n}' for n in judged), *then])})")
         return "\n".join(lines)
 
     def _call_keywords(self) -> list[tuple[str, str | None]]:

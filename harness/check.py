@@ -126,8 +126,9 @@ def failure(
     the command that replays the property on that problem alone."""
     if judged is None:
         judged = ("o", "lse", *(gradient_names(problem) if backward else ()))
+    replay = replay_command(kernel.name, prop, problem)
     repro = problem.repro(kernel.name, judged=judged, returns_lse=kernel.capabilities.returns_lse,
-                          inputs=inputs)
+                          inputs=inputs, replay=replay)
     lines = [
         f"property {prop!r} failed for kernel {kernel.name!r}",
         f"problem: {problem.describe()}",
@@ -135,7 +136,7 @@ def failure(
         REPRO_HEADER,
         *("    " + line for line in repro.splitlines()),
         REPLAY_HEADER,
-        "    " + replay_command(kernel.name, prop, problem),
+        "    " + replay,
     ]
     return "\n".join(lines)
 

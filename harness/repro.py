@@ -10,6 +10,8 @@ when any output fails.
 
 from __future__ import annotations
 
+import shlex
+import subprocess
 import sys
 
 import torch
@@ -22,7 +24,7 @@ from flashprop.harness.scale_problems import SPREAD_LAYOUTS
 JUDGEABLE = ("o", "lse", *GRADIENTS)
 
 
-def show(p: Problem, kernel: Kernel, **outputs: torch.Tensor | None) -> None:
+def show(p: Problem, kernel: Kernel, *, replay: str | None = None, **outputs: torch.Tensor | None) -> None:
     """Judge the ``outputs`` of ``kernel`` on ``p`` against the golden and print the verdicts.
 
     The keywords name what is judged: ``o`` (always), and any of ``lse``, ``dq``, ``dk``, ``dv``,
@@ -30,7 +32,10 @@ def show(p: Problem, kernel: Kernel, **outputs: torch.Tensor | None) -> None:
     not judged (a kernel that returns only o). A spread problem (``harness.scale_problems``: a
     view whose last slice lies past element 2^31 of its allocation) is judged against the
     golden of the same values laid out densely, as its property judges it. Exits the process
-    with status 1 when an output fails."""
+    with status 1 when an output fails. When every output is within budget and ``replay`` (the
+    failure's replay command) is given, the failure is not in this one call but in what the
+    property compares it with (another run, transformed inputs, its derivatives): the replay
+    command runs here, and its exit status is the script's."""
     unknown = sorted(set(outputs) - set(JUDGEABLE))
     if unknown or "o" not in outputs:
         raise TypeError(f"show judges o and any of {', '.join(JUDGEABLE[1:])}; got {sorted(outputs)}")
@@ -46,5 +51,10 @@ def show(p: Problem, kernel: Kernel, **outputs: torch.Tensor | None) -> None:
     if failed:
         print(f"FAIL: {', '.join(failed)} off the golden")
         sys.exit(1)
-    print(f"PASS: {', '.join(r.name for r in results)} within budget (a property that compares "
-          "runs with each other, or with transformed inputs, fails in its replay command)")
+    print(f"PASS: {', '.join(r.name for r in results)} within budget on this one call")
+    if replay is not None:
+        print(f"the property compares this call with others: running it on this problem alone:\n  {replay}")
+        sys.stdout.flush()
+        command = shlex.split(replay)
+        done = subprocess.run([sys.executable, *command[1:]] if command[0] == "python" else command)
+        sys.exit(done.returncode)

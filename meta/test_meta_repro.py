@@ -306,3 +306,41 @@ def test_the_repro_passes_what_the_suite_passes(p: Problem):
     for name, value in passed.items():
         expected = name if isinstance(value, torch.Tensor) else value
         assert written[name] == expected, (name, written[name], value)
+
+
+#: A kernel within budget of the golden on every call, but not the same on two calls.
+NOISY = """
+import torch
+from flashprop import Capabilities
+from flashprop.refimpl.blocked import attention
+
+
+def attn(q, k, v, *, causal=False, scale=None):
+    o, lse = attention(q, k, v, causal=causal, scale=scale)
+    return o * (1 + 1e-7 * torch.randn_like(o)), lse
+
+
+attn.capabilities = Capabilities(dtypes=frozenset({torch.float32}), backward=False,
+                                 devices=frozenset({"cpu"}))
+"""
+
+
+def test_a_repro_whose_one_call_passes_runs_the_property(tmp_path: Path):
+    """deterministic-forward fails a kernel whose every call is within budget of the golden: the
+    repro's call passes, so the script runs the failure's replay command, which fails, and exits
+    with its status 1 (the failure reproduced from the user's folder, not a PASS)."""
+    folder, scripts = tmp_path / "user", tmp_path / "scripts"
+    folder.mkdir()
+    scripts.mkdir()
+    (folder / "noisy.py").write_text(NOISY)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    fuzz = subprocess.run([sys.executable, "-m", "flashprop.cli", "fuzz", "./noisy.py:attn", "--device",
+                           "cpu", "--properties", "determinism", "--max-examples", "3"],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    assert fuzz.returncode == 1, fuzz.stdout + fuzz.stderr
+    printed = [line.strip() and line[4:] for line in fuzz.stdout.splitlines()]  # the causes' indent
+    run = _run(_repro("\n".join(printed)), folder, scripts)
+    output = run.stdout + run.stderr
+    assert "PASS: o, lse within budget on this one call" in run.stdout, output
+    assert "running it on this problem alone" in run.stdout and "1 failed" in run.stdout, output
+    assert run.returncode == 1, output
