@@ -210,6 +210,23 @@ def load_kernel(spec: str) -> Kernel:
     return Kernel(name=spec, fn=fn, capabilities=caps, declared=hasattr(fn, "capabilities"))
 
 
+def spec_problem(specs: list[str]) -> str | None:
+    """What is wrong with the first of ``specs`` that names no kernel (no such file, module or
+    attribute) or declares itself wrongly, in one line, or ``None``: what ``flashprop fuzz`` and
+    ``bench`` and the pytest plugin refuse before any test runs. A kernel that exists but cannot
+    run here is not wrong: its row says why."""
+    for spec in specs:
+        if spec in BUILTIN:
+            continue
+        try:
+            load_kernel(spec)
+        except KernelSpecError as err:
+            return str(err)
+        except KernelUnavailable:
+            pass
+    return None
+
+
 def observe_outputs(kernel: Kernel, device: str) -> Kernel:
     """An undeclared kernel claims full support, but whether it returns ``(o, lse)`` or only
     ``o`` is what it does: one tiny call on ``device`` decides, and a kernel returning only

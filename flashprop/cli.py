@@ -81,24 +81,6 @@ def property_names() -> list[str]:
                   if m.name.startswith("test_"))
 
 
-def spec_problem(specs: list[str]) -> str | None:
-    """The first kernel spec that names no kernel (no such file, module or attribute) or declares
-    itself wrongly, said in one line, or ``None``. A kernel that exists but cannot run here is
-    not wrong: its row says why."""
-    from flashprop.contract.registry import BUILTIN, KernelSpecError, KernelUnavailable, load_kernel
-
-    for spec in specs:
-        if spec in BUILTIN:
-            continue
-        try:
-            load_kernel(spec)
-        except KernelSpecError as err:
-            return str(err)
-        except KernelUnavailable:
-            pass
-    return None
-
-
 def usage_problem(ns: argparse.Namespace) -> str | None:
     """What is wrong with a ``fuzz`` command line before any test runs, in one line (a kernel spec
     naming nothing, an unknown property), or ``None``."""
@@ -106,6 +88,8 @@ def usage_problem(ns: argparse.Namespace) -> str | None:
     unknown = [name for name in ns.properties or () if name not in known]
     if unknown:
         return f"unknown property {', '.join(unknown)}; the properties are: {' '.join(known)}"
+    from flashprop.contract.registry import spec_problem
+
     return spec_problem(ns.kernel)
 
 
@@ -175,6 +159,8 @@ def bench(ns: argparse.Namespace) -> int:
     from flashprop.plugin import prepare_device
 
     prepare_device(ns.device)  # before a user's kernel module imports triton
+    from flashprop.contract.registry import spec_problem
+
     problem = spec_problem(ns.bench_kernels.split(",") if ns.bench_kernels else [])
     if problem:
         print(f"flashprop bench: {problem}", file=sys.stderr)

@@ -262,16 +262,11 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_kernel_specs(config: pytest.Config) -> None:
     """A ``--kernel`` that names no kernel (no such file, module or attribute) is a usage error,
     said before any test runs; a kernel that exists but cannot run here is skipped, with why."""
-    from flashprop.contract.registry import BUILTIN, KernelSpecError, KernelUnavailable, load_kernel
+    from flashprop.contract.registry import spec_problem
 
-    for spec in config.getoption("--kernel"):
-        if spec not in BUILTIN:
-            try:
-                load_kernel(spec)
-            except KernelSpecError as err:
-                raise pytest.UsageError(str(err)) from None
-            except KernelUnavailable:
-                pass
+    problem = spec_problem(config.getoption("--kernel"))
+    if problem:
+        raise pytest.UsageError(problem)
 
 
 @pytest.hookimpl(optionalhook=True)
