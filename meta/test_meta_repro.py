@@ -315,9 +315,13 @@ from flashprop import Capabilities
 from flashprop.refimpl.blocked import attention
 
 
+CALLS = [0]
+
+
 def attn(q, k, v, *, causal=False, scale=None):
     o, lse = attention(q, k, v, causal=causal, scale=scale)
-    return o * (1 + 1e-7 * torch.randn_like(o)), lse
+    CALLS[0] += 1  # every other call one ulp up: two calls never agree, each is within budget
+    return (torch.nextafter(o, torch.full_like(o, float("inf"))) if CALLS[0] % 2 else o), lse
 
 
 attn.capabilities = Capabilities(dtypes=frozenset({torch.float32}), backward=False,
