@@ -73,7 +73,13 @@ _SLOW_OK = [
     HealthCheck.function_scoped_fixture,
 ]
 #: What every profile shares: no deadline (kernels compile on first call), slow examples allowed.
-_BASE = settings(deadline=None, suppress_health_check=_SLOW_OK, print_blob=True)
+#: Its parent is Hypothesis's ``default`` profile, not ``settings.default``: where a ``CI``
+#: variable is set (GitHub Actions, GitLab, tox passing it on), Hypothesis makes its own ``ci``
+#: profile the default, derandomized and without a database, and every profile here would
+#: inherit that: ``flashprop fuzz`` in a user's CI would draw the same problems every run and save
+#: no failure.
+_BASE = settings(settings.get_profile("default"), deadline=None, suppress_health_check=_SLOW_OK,
+                 print_blob=True)
 settings.register_profile("ci", _BASE, max_examples=20, derandomize=True, database=None)
 settings.register_profile("dev", _BASE, max_examples=30)
 settings.register_profile("fuzz", _BASE, max_examples=500, phases=list(Phase))

@@ -261,6 +261,22 @@ DECLARATION = textwrap.dedent('''
 ''')
 
 
+def test_the_profiles_are_the_same_inside_a_ci_runner():
+    """Hypothesis makes its own ``ci`` profile (derandomized, no database) the default where a
+    ``CI`` variable is set, as GitHub Actions and GitLab set it: flashprop's profiles are the same
+    there as on a laptop, and the fuzz profile draws at random and saves its failures."""
+    show = ("import flashprop.plugin; from hypothesis import settings; "
+            "print(*(settings.get_profile(n) for n in ('ci', 'dev', 'fuzz', 'gpu')), sep=chr(10))")
+    runs = {}
+    for ci in ("", "true"):
+        env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": ci} if ci else {})
+        runs[ci] = subprocess.run([sys.executable, "-c", show], cwd=ROOT, capture_output=True,
+                                  text=True, check=True, env=env).stdout
+    assert runs["true"] == runs[""]
+    fuzz = runs["true"].splitlines()[2]
+    assert "derandomize=False" in fuzz and "DirectoryBasedExampleDatabase" in fuzz, fuzz
+
+
 def test_database_keys_tell_kernels_declarations_tests_and_properties_apart():
     """The same key in every process (whatever PYTHONHASHSEED); another for another kernel spec,
     declaration (a field, a limit's reason), test case or property."""
