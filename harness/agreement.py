@@ -28,7 +28,7 @@ from flashprop.harness.check import (
     reference_for,
     yardstick_precision,
 )
-from flashprop.harness.tolerance import budget
+from flashprop.harness.tolerance import Conditioning, budget
 
 #: Forward tensors the metamorphic properties compare.
 FORWARD = ("o", "lse")
@@ -60,7 +60,9 @@ def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | KernelInput
     kw = dict(causal=problem.causal, scale=problem.scale if scale is None else scale,
               alignment=kernel.capabilities.causal_alignment,
               **{name: plain(val) for name, val in inputs.kwargs.items()})
-    golden = Outputs(*golden_fn(*args, **kw))
+    effective = problem.replace(scale=kw["scale"]).effective_scale
+    cond = Conditioning.of_entry(problem.mode, args, effective)
+    golden = Outputs(*golden_fn(*args, **kw), conditioning=cond)
     with torch.no_grad(), yardstick_precision(kernel.capabilities.fp32_matmul == "tf32", args[0]):
         yard = Outputs(*yard_fn(*args, **kw))
     return golden, yard
@@ -68,7 +70,7 @@ def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | KernelInput
 
 def restrict(refs: tuple[Outputs, Outputs], index: Index) -> tuple[Outputs, Outputs]:
     """The references of a sub-problem (some batch elements or heads): the same index into each."""
-    return tuple(Outputs(r.o[index], r.lse[index]) for r in refs)
+    return tuple(Outputs(r.o[index], r.lse[index], conditioning=r.conditioning) for r in refs)
 
 
 def _max_finite_abs(t: torch.Tensor) -> float:
@@ -82,13 +84,17 @@ def _max_finite_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def budgets(dtype: torch.dtype, refs: tuple[Outputs, Outputs]) -> dict[str, float]:
-    """The tolerance model's budget for o and lse of one run with references ``(golden, yardstick)``."""
+    """The tolerance model's budget for o and lse of one run with references ``(golden, yardstick)``
+    (the golden's conditioning gives the floor's logit and values terms, as in
+    :func:`harness.check.judge`; of a restricted run, the whole run's: an upper bound)."""
     golden, yard = refs
-    logit_size = _max_finite_abs(golden.lse)
+    cond = golden.conditioning
+    logit_size = cond.logit_size(golden.lse)
     out = {}
     for name in FORWARD:
         g, y = getattr(golden, name), getattr(yard, name).to(torch.float64)
-        out[name] = budget(name, dtype, _max_finite_diff(y, g), _max_finite_abs(g), logit_size)[0]
+        out[name] = budget(name, dtype, _max_finite_diff(y, g), _max_finite_abs(g), logit_size,
+                           cond.values_for(name))[0]
     return out
 
 

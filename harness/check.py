@@ -37,7 +37,7 @@ from flashprop.harness.report import (
 )
 from flashprop.harness.strategies import DRAWN
 from flashprop.harness.symptoms import symptom
-from flashprop.harness.tolerance import Comparison, compare, conditioning
+from flashprop.harness.tolerance import Comparison, Conditioning, compare, conditioning
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
     kvcache_golden,
@@ -181,6 +181,8 @@ class Outputs:
     dsinks: torch.Tensor | None = None
     #: Golden only: absolute-value bounds of the gradients (the floor's magnitude).
     bounds: dict[str, float] | None = None
+    #: Golden only: the inputs' conditioning (the floor's logit and values terms).
+    conditioning: Conditioning | None = None
 
 
 def run_kernel(
@@ -267,7 +269,7 @@ def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> 
     inp = problem.kernel_inputs()
     kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **inp.kwargs)
     o, lse = golden_fn(*inp.args, **kw)
-    golden = Outputs(o, lse)
+    golden = Outputs(o, lse, conditioning=conditioning(problem))
     names = gradient_names(problem)
     if backward:
         q, k, v, *rest = inp.args
@@ -320,7 +322,7 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
     """Compare the named tensors of ``out`` with golden; lse only when the kernel returns it. An o
     or lse of another dtype or shape than the contract's (:mod:`contract.outputs`) fails outright."""
     golden, yard = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))
-    cond = conditioning(problem)  # the floor's logit term: raw logits, lse and values' sizes
+    cond = golden.conditioning  # the floor's logit term: raw logits, lse and values' sizes
     logit_size = cond.logit_size(golden.lse)
     results = []
     for name in names:
@@ -338,9 +340,8 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
             continue
         magnitude = golden.bounds.get(name) if golden.bounds else None
         dtype = budget_dtype(problem, name)
-        values = cond.values if name == "o" else 0.0
         results.append(compare(name, actual, expected, getattr(yard, name), dtype, magnitude, logit_size,
-                               values))
+                               cond.values_for(name)))
     return results
 
 

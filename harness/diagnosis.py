@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 from flashprop.contract.problem import KernelInputs, Problem
 from flashprop.harness.symptoms import FORWARD
-from flashprop.harness.tolerance import Comparison, budget
+from flashprop.harness.tolerance import Comparison, budget, conditioning
 from flashprop.refimpl import attention_golden, attention_yardstick
 from flashprop.refimpl.layouts import kvcache_apply, varlen_apply
 
@@ -329,6 +329,8 @@ def _float32_only(p: Problem, out_o, out_lse, golden: Golden, inputs: KernelInpu
 
     in32 = KernelInputs(tuple(map(single, inputs.args)), {n: single(t) for n, t in inputs.kwargs.items()}, {})
     o32, lse32 = lifted(p, attention_yardstick, in32, alignment)
+    cond = conditioning(p)
+    logit_size = cond.logit_size(golden[1])
     ok = True
     for actual, g, y, name in ((out_o, golden[0], o32, "o"), (out_lse, golden[1], lse32, "lse")):
         if actual is None:
@@ -336,7 +338,8 @@ def _float32_only(p: Problem, out_o, out_lse, golden: Golden, inputs: KernelInpu
         finite = torch.isfinite(g)
         y_err = float((y.double() - g)[finite].abs().max()) if finite.any() else 0.0
         size = float(g[finite].abs().max()) if finite.any() else 0.0
-        ok = ok and _within(actual, g, budget(name, torch.float32, y_err, size, size)[0])
+        limit = budget(name, torch.float32, y_err, size, logit_size, cond.values_for(name))[0]
+        ok = ok and _within(actual, g, limit)
     if not ok:
         return []
     return ["matches the golden only to float32 precision: the kernel computes float64 inputs in float32; "

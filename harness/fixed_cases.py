@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import BENCH_ANCHORS, Kernel, load_kernel
-from flashprop.harness.tolerance import compare
+from flashprop.harness.tolerance import Conditioning, compare
 from flashprop.refimpl import attention_yardstick, visible_mask
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout (the benchmarks run from it)
@@ -123,11 +123,11 @@ def check_case(name: str, p: Problem) -> dict:
     dlse_ref = dlse.masked_fill(empty, 0.0)
     gold = _dense(p, q, k, v, do, dlse_ref, torch.float64)
     yard = _dense(p, q, k, v, do, dlse_ref, p.dtype)
-    finite = gold["lse"].detach()[torch.isfinite(gold["lse"])]
-    logit_size = float(finite.abs().max()) if finite.numel() else 0.0
+    cond = Conditioning.of(q, k, v, p.effective_scale)
+    logit_size = cond.logit_size(gold["lse"].detach())
     result = {"case": p.describe(), "ok": True, "errors": {}, "problems": []}
     for n in NAMES:
-        c = compare(n, got[n], gold[n], yard[n], p.dtype, logit_size=logit_size)
+        c = compare(n, got[n], gold[n], yard[n], p.dtype, logit_size=logit_size, values=cond.values_for(n))
         result["errors"][n] = {"err": c.error, "yardstick": c.yardstick_error, "budget": c.budget}
         if not c.ok:
             result["ok"] = False

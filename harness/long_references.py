@@ -13,11 +13,12 @@ row, and are compared only then.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
 from flashprop.harness.check import Outputs, yardstick_precision
-from flashprop.harness.tolerance import Comparison, compare
+from flashprop.harness.tolerance import Comparison, Conditioning, compare
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.masks import causal_offset
 
@@ -122,6 +123,8 @@ def golden_on_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
     peaks: list[int] = []
     with peak_bytes(q.device, peaks):
         golden = Outputs(*attention_golden(q, k, v, **kw))
+        effective = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        golden.conditioning = Conditioning.of(q, k, v, effective, chunk)
     if do is not None:
         with peak_bytes(q.device, peaks):
             found = attention_golden_backward(q, k, v, do, bounds=True, **kw)
@@ -135,9 +138,9 @@ def judge_long(out: Outputs, golden: Outputs, yard: Outputs, dtype: torch.dtype,
                names: tuple[str, ...]) -> list[Comparison]:
     """The tolerance model on each named tensor the yardstick has (as
     :func:`harness.check.judge`: gradients' floors from the golden's bounds, the logit-size
-    term from max|lse|)."""
-    finite = golden.lse[torch.isfinite(golden.lse)]
-    logit_size = float(finite.abs().max()) if finite.numel() else 0.0
+    and values terms from the golden's conditioning)."""
+    cond = golden.conditioning
+    logit_size = cond.logit_size(golden.lse)
     results = []
     for name in names:
         actual, reference = getattr(out, name), getattr(yard, name)
@@ -148,5 +151,5 @@ def judge_long(out: Outputs, golden: Outputs, yard: Outputs, dtype: torch.dtype,
             continue
         magnitude = golden.bounds.get(name) if golden.bounds else None
         results.append(compare(name, actual, getattr(golden, name), reference, dtype, magnitude,
-                               logit_size))
+                               logit_size, cond.values_for(name)))
     return results

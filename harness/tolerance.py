@@ -128,22 +128,29 @@ def _finite_max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, tuple
 
 
 @torch.no_grad()
-def raw_logit_size(q: torch.Tensor, k: torch.Tensor, scale: float) -> float:
+def raw_logit_size(q: torch.Tensor, k: torch.Tensor, scale: float, chunk: int = CHUNK) -> float:
     """``scale * max_{b,h,i,j} sum_d |q_bhid| |k_b,g(h),j,d|`` over every query-key pair of a head
-    (visible or not: an upper bound of the visible pairs', with no mask to apply), with GQA's
+    (visible or not: an upper bound of the visible pairs', with no mask to apply; a non-finite
+    entry, as a decode cache's past its length, counts 0), with GQA's
     head map g(h) = h // (Hq // Hkv): what rounding the raw logit ``scale * q_i . k_j`` scales
     with, in any summation order (``|fl(x . y) - x . y| <= gamma_D sum_d |x_d y_d|``). Exact, in
-    float64, over key chunks of :data:`CHUNK` (memory O(B Hq Nq CHUNK)); q (B, Hq, Nq, D),
+    float64, over key chunks of ``chunk`` (memory O(B Hq Nq chunk)); q (B, Hq, Nq, D),
     k (B, Hkv, Nk, D). 0 when there is no pair."""
     b, hq, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     if q.numel() == 0 or k.numel() == 0:
         return 0.0
     # query heads h of kv head j are j * group .. (j + 1) * group - 1: a group's rows in one matmul
-    qa = q.detach().abs().to(torch.float64).reshape(b, hkv, (hq // hkv) * nq, d)
-    ka = k.detach().abs().to(device=qa.device, dtype=torch.float64)
-    largest = max(float((qa @ ka[:, :, s : s + CHUNK].transpose(-1, -2)).max()) for s in range(0, nk, CHUNK))
+    qa = _finite_abs(q).reshape(b, hkv, (hq // hkv) * nq, d)
+    ka = _finite_abs(k).to(qa.device)
+    largest = max(float((qa @ ka[:, :, s : s + chunk].transpose(-1, -2)).max()) for s in range(0, nk, chunk))
     return abs(scale) * largest
+
+
+def _finite_abs(t: torch.Tensor) -> torch.Tensor:
+    """|t| in float64, with 0 for the non-finite entries."""
+    a = t.detach().abs().to(torch.float64)
+    return torch.where(torch.isfinite(a), a, torch.zeros((), dtype=a.dtype, device=a.device))
 
 
 @dataclass(frozen=True)
@@ -162,6 +169,29 @@ class Conditioning:
         """L: the larger of the raw logits' size and max|lse| over the golden's finite lse."""
         return max(self.raw_logits, finite_max_abs(lse))
 
+    def values_for(self, name: str) -> float:
+        """What tensor ``name`` averages, for :func:`budget`'s ``values``: max|V| for o, else 0."""
+        return self.values if name == "o" else 0.0
+
+    @classmethod
+    def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+           chunk: int = CHUNK) -> Conditioning:
+        """The conditioning of dense (B, H, N, D) ``q, k, v`` at softmax scale ``scale``
+        (:func:`raw_logit_size` over key chunks of ``chunk``)."""
+        return cls(raw_logit_size(q, k, scale, chunk), finite_max_abs(v))
+
+    @classmethod
+    def of_entry(cls, mode: str, args: tuple, scale: float) -> Conditioning:
+        """The conditioning of an entry point's leading ``q, k, v`` (``docs/contract.md``): dense
+        (B, H, N, D); varlen packed (T, H, D); decode q (B, Nq, H, D) with a cache (B, Nk, Hkv, D)
+        or pages (P, page, Hkv, D). Outside the dense layout every query is paired with every key
+        of its head group, across sequences: an upper bound, as :func:`conditioning`'s."""
+        q, k, v = args[:3]
+        if mode == "dense":
+            return cls.of(q, k, v, scale)
+        q, k, v = (t.detach().reshape(-1, *t.shape[-2:]).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        return cls.of(q, k, v, scale)
+
 
 @functools.lru_cache(maxsize=16)
 def conditioning(problem: Problem) -> Conditioning:
@@ -169,7 +199,7 @@ def conditioning(problem: Problem) -> Conditioning:
     problem's packed sequence as one, a decode problem's whole cache), on its device."""
     q, k, v, _ = problem.logical()
     dev = torch.device(problem.device)
-    return Conditioning(raw_logit_size(q.to(dev), k.to(dev), problem.effective_scale), finite_max_abs(v))
+    return Conditioning.of(q.to(dev), k.to(dev), v, problem.effective_scale)
 
 
 def finite_max_abs(t: torch.Tensor) -> float:

@@ -26,7 +26,9 @@ from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel, load_kernel
 from flashprop.harness import tolerance
+from flashprop.harness.agreement import budgets, references_on
 from flashprop.harness.check import gradient_names, judge, reference_for, run_kernel
+from flashprop.harness.long_references import golden_on_device, judge_long, yardstick_rows
 from flashprop.harness.strategies import Sizes, problems
 from flashprop.harness.tolerance import GOLDEN_ULPS, budget, conditioning, finite_max_abs
 from flashprop.harness.variant_problems import variant_problems
@@ -261,17 +263,58 @@ def test_reordered_passes_where_the_lse_floor_failed(p: Problem):
 
 @pytest.mark.parametrize(("hq", "hkv", "nk", "chunk"),
                          [(1, 1, 7, 1024), (6, 2, 11, 4), (4, 1, 9, 9), (2, 2, 0, 3)])
-def test_raw_logit_size_is_the_largest_abs_sum(monkeypatch, hq: int, hkv: int, nk: int, chunk: int):
+def test_raw_logit_size_is_the_largest_abs_sum(hq: int, hkv: int, nk: int, chunk: int):
     """raw_logit_size is scale * max sum_d |q_d||k_d| over every pair of a head, GQA's head map
     and key chunks included (a pair by pair loop), and 0 with no key."""
-    monkeypatch.setattr(tolerance, "CHUNK", chunk)
     g = torch.Generator().manual_seed(hq * 100 + nk)
     q = torch.randn(2, hq, 5, 3, generator=g, dtype=F64)
     k = torch.randn(2, hkv, nk, 3, generator=g, dtype=F64)
     group = hq // hkv
     pairs = [float((q[b, h, i].abs() * k[b, h // group, j].abs()).sum())
              for b in range(2) for h in range(hq) for i in range(5) for j in range(nk)]
-    assert tolerance.raw_logit_size(q, k, -0.5) == pytest.approx(0.5 * max(pairs, default=0.0), rel=1e-15)
+    expected = 0.5 * max(pairs, default=0.0)
+    assert tolerance.raw_logit_size(q, k, -0.5, chunk) == pytest.approx(expected, rel=1e-15)
+    if nk:  # an entry past a decode cache's length (NaN) or an inf counts 0
+        k[0, 0, 0] = float("nan")
+        k[1, -1, -1] = float("inf")
+        assert 0 < tolerance.raw_logit_size(q, k, 0.5, chunk) <= expected
+
+
+def test_the_entry_points_layouts_give_an_upper_bound():
+    """Conditioning.of_entry on a varlen pack and on a decode cache (contiguous and paged, NaN past
+    each length) is at least the dense problem's: every query against every key of its group."""
+    for p in (Problem(dtype=F64, hq=4, hkv=2, nq=5, nk=7, d=8, dv=8, seqlens=((5, 7), (3, 2))),
+              Problem(dtype=F64, b=2, hq=4, hkv=2, nq=2, nk=16, d=8, dv=8, cache=(16, 9)),
+              Problem(dtype=F64, b=2, hq=4, hkv=2, nq=2, nk=16, d=8, dv=8, cache=(5, 16), page_size=4)):
+        inp = p.kernel_inputs()
+        entry = tolerance.Conditioning.of_entry(p.mode, inp.args, p.effective_scale)
+        dense = conditioning(p)
+        assert entry.raw_logits >= dense.raw_logits * (1 - 1e-15) > 0, p.describe()
+        assert entry.values >= dense.values * (1 - 1e-15) > 0, p.describe()
+
+
+@pytest.mark.parametrize("p", FALSE_POSITIVES, ids=lambda p: f"{p.nq}x{p.nk}x{p.d}")
+def test_every_budget_takes_the_conditioning(p: Problem):
+    """The budgets of the properties that compare two runs (``harness.agreement.budgets``, on the
+    problem's references or on its inputs passed again) and of the long-sequence judge are the
+    single-run judge's: the floor's logit term from the raw logits there too, not max|lse|."""
+    kernel = load_kernel("ref-reordered")
+    out = run_kernel(kernel, p, "meta", backward=True)
+    judged = {r.name: r.budget for r in judge(kernel, p, out, ("o", "lse"))}
+    for refs in (references_on(kernel, p), references_on(kernel, p, p.inputs())):
+        assert budgets(p.dtype, refs) == pytest.approx(judged, rel=1e-12)
+    plain = p.replace(softcap=0.0, alibi=None, sinks=None)
+    q, k, v = plain.inputs()
+    do = plain.grad_output()
+    golden, _ = golden_on_device(q, k, v, do, causal=False, scale=plain.scale, alignment="bottom-right",
+                                 chunk=1024)
+    yard = yardstick_rows(q, k, v, do, causal=False, scale=plain.scale, alignment="bottom-right",
+                          tf32=False, max_scores=1 << 20)
+    names = ("o", "lse", "dq", "dk", "dv")
+    plain_out = run_kernel(kernel, plain, "meta", backward=True)
+    long = {r.name: r.budget for r in judge_long(plain_out, golden, yard, plain.dtype, names)}
+    single = {r.name: r.budget for r in judge(kernel, plain, plain_out, names)}
+    assert long == pytest.approx(single, rel=1e-12)
 
 
 def test_logit_size_takes_the_larger_of_raw_logits_and_lse():

@@ -51,7 +51,7 @@ FIRST = (
     "test_determinism.py",
 )
 LAST = ("test_gradcheck.py", "test_error_contract.py")
-CORRECT_KERNELS = ("triton", "ref-blocked")  # slowest first
+CORRECT_KERNELS = ("triton", "ref-blocked", "ref-reordered")  # slowest first
 
 _PROBLEM = re.compile(r"^problem: (Problem\(.*\))$", re.MULTILINE)
 
