@@ -1,0 +1,546 @@
+"""KV-cache decode in Triton (flash-decoding): split-KV partials and their combine, read top to bottom.
+
+The ``triton`` kernel's ``attention.kvcache`` (``docs/variants.md``'s decode contract,
+``flash_attn_with_kvcache``'s signature); forward only.
+
+Math. Batch element b holds a sequence of ``L_b = cache_seqlens[b]`` keys in its cache; its Nq
+queries are the last Nq positions of that sequence, so with c = L_b - Nq query i is at position
+i + c. For one query row (query i, query head h of kv head h // GROUP):
+
+    s_j = scale * q_i . k_j                       (keys j < L_b that row i sees)
+    lse_i = log sum_j exp(s_j),   o_i = sum_j exp(s_j - lse_i) v_j
+
+Split-KV (flash-decoding). The key tiles a program's rows see are cut into ``num_splits``
+contiguous runs of whole tiles; run s gives a partial (o_s, lse_s) over its keys alone, computed
+with the online softmax (running maximum, denominator and accumulator, rescaled whenever the
+maximum grows; base-2 units as in :mod:`kernels.triton_attention`), and the combine merges the
+runs by their lse:
+
+    lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s
+
+A run with no key has lse_s = -inf and o_s = 0 and weighs exp(-inf) = 0: it changes nothing and
+makes no NaN (the merge subtracts a maximum of -inf as 0). A sink logit z_h (``sinks``) is one
+more term of the merge, a run of lse z_h and o = 0, so it enters once, whatever the splits.
+With ``num_splits == 1`` there is no combine: the one run starts its online softmax at
+(z_h, 1) and writes o and lse itself.
+
+GQA packing. One program serves one (batch element, kv head, split) and every query row of that
+kv head's group: ``R = GROUP * Nq`` rows, row r = query r // GROUP of query head
+kv_head * GROUP + r % GROUP, padded to a tile of BLOCK_M rows (a power of two >= 16, the
+smallest ``tl.dot`` takes; more rows than BLOCK_M are cut into row tiles, each a program). So
+every key and value is read once per (split, row tile) instead of once per query head: decode
+is bound by the cache's bytes, not by FLOPs.
+
+Variants (``docs/variants.md``), per row with its own query position i + c:
+
+    s_j = softcap * tanh(s_j / softcap)           (softcap > 0)
+    s_j = s_j - slope_bh * |i + c - j|            (ALiBi: slopes (Hq,) or (B, Hq))
+    s_j = -inf unless i + c - left <= j <= i + c + right   (window_size; causal: j <= i + c)
+
+through the dense kernel's helpers (``_modified_scores``, ``_in_window``), and the band from its
+``resolve_band`` with the cache's capacity as Nk (a side that cuts no key of the capacity cuts
+none of any shorter sequence). Key tiles no row of a program sees (left of a window, right of
+the diagonal) are skipped by the loop bounds before the splits are cut.
+
+Conventions:
+
+* q (B, Nq, Hq, D); the cache (B, Ncache, Hkv, D) contiguous, or (num_pages, page_size, Hkv, D)
+  paged with an int32 ``block_table`` (B, max_pages): key position j of batch element b is row
+  j % page_size of page ``block_table[b, j // page_size]``. Addresses are computed per key row
+  (64-bit), so any page size and any strides work; nothing is made contiguous.
+* Only cache positions j < L_b are read, and only the block-table entries of their pages: the
+  loads are masked (other = 0) and the loops stop at the length. Lengths are clamped into
+  [0, capacity] and page indices into [0, num_pages) in the kernel, so no value of them reads
+  outside the tensors (``contract.validate.check_decode`` refuses such values before any launch).
+* o (B, Nq, Hq, Dv) in the inputs' dtype; lse (B, Hq, Nq) natural log, float32 (float64 for
+  float64 inputs); a row that sees no key gets o = 0, lse = -inf (with a sink: lse = z_h).
+  Partials are kept in the accumulator dtype (float32; float64 for float64).
+* Dtypes, head dims (1..256, tiles padded to a power of two and masked), ``block_m`` /
+  ``block_n`` (the row tile's and the key tile's upper bounds) and their shared-memory limit on
+  a GPU are the dense kernel's; bf16 is refused under the interpreter as there.
+
+``num_splits=0`` chooses the split count (:func:`choose_splits`): enough programs to fill the GPU
+while each run keeps a few key tiles.
+
+Stages of this file:
+  1. the partial kernel: one program per (split x row tile, kv head, batch element)
+  2. the combine kernel: one program per output row
+  3. host side: the split heuristic, tiles, input checks, the launches, ``kvcache``
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+from flashprop.contract.capabilities import KVCache
+from flashprop.contract.validate import check_decode, check_variants
+from flashprop.kernels import triton_attention as ta
+from flashprop.kernels.triton_attention import _in_window, _modified_scores
+from torch import Tensor
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: the partial kernel
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _cache_rows(Table, off_b, offs_n, key_ok, stride_kp, stride_kn, stride_vp, stride_vn,
+                stride_tb, stride_tp, page_size, num_pages, PAGED: tl.constexpr):
+    """64-bit offsets, in the key and in the value cache, of key positions ``offs_n`` of batch
+    element off_b (before the head and head-dim offsets). PAGED: row ``j % page_size`` of page
+    ``Table[b, j // page_size]`` (``stride_kp``, ``stride_vp``: the page strides), the table read
+    only where ``key_ok`` and the page index clamped into [0, num_pages); else row j of batch
+    element b (``stride_kp``, ``stride_vp``: the batch strides)."""
+    if PAGED:
+        slot = offs_n // page_size
+        page = tl.load(Table + off_b * stride_tb + slot * stride_tp, mask=key_ok, other=0)
+        page = tl.minimum(tl.maximum(page, 0), num_pages - 1).to(tl.int64)
+        row = (offs_n - slot * page_size).to(tl.int64)
+        k_rows = page * stride_kp + row * stride_kn
+        v_rows = page * stride_vp + row * stride_vn
+    else:
+        row = offs_n.to(tl.int64)
+        k_rows = off_b * stride_kp + row * stride_kn
+        v_rows = off_b * stride_vp + row * stride_vn
+    return k_rows, v_rows
+
+
+@triton.jit
+def _decode_partial(
+    Q, K, V, Table, Lengths, Out, LSE,
+    stride_qb, stride_qn, stride_qh, stride_qd,
+    stride_kp, stride_kn, stride_kh, stride_kd,
+    stride_vp, stride_vn, stride_vh, stride_vd,
+    stride_tb, stride_tp,
+    stride_ob, stride_on, stride_oh, stride_od,
+    H_KV, GROUP, N_Q, capacity, page_size, num_pages, num_splits,
+    qk_scale: tl.float64, win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
+    Sinks, stride_z,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGED: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SINKS: tl.constexpr, COMBINE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One run of key tiles for one row tile of one (batch element, kv head).
+    Grid: (num_splits * row tiles, H_KV, B), the row tile fastest (its programs read the same keys).
+
+    K, V are the cache (``stride_kp``: the batch stride, or the page stride when PAGED with the
+    int32 ``Table``); ``Lengths`` the int32 cache lengths. qk_scale, win_left, win_right,
+    softcap2 and the ALiBi slopes' strides as :func:`kernels.triton_attention._attn_fwd` takes
+    them (CAUSAL, WINDOW: the band of ``resolve_band``). COMBINE: ``Out`` (B, H_KV, num_splits,
+    R, Dv) and ``LSE`` (B, H_KV, num_splits, R) are contiguous partials in ACC_DTYPE, o_s
+    normalised and lse_s in base 2, no sink; else ``Out`` is the strided o (B, Nq, Hq, Dv),
+    ``LSE`` the contiguous (B, Hq, Nq) natural-log lse, and the sinks (SINKS) start the online
+    softmax. Unused pointers point at any tensor, unused integers are 0.
+    """
+    n_rows = GROUP * N_Q
+    row_tiles = tl.cdiv(n_rows, BLOCK_M)
+    split = tl.program_id(0) // row_tiles
+    tile = tl.program_id(0) % row_tiles
+    off_hkv = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    length = tl.minimum(tl.maximum(tl.load(Lengths + off_b), 0), capacity)
+    offset = length - N_Q  # c: query i sits at position i + c
+
+    offs_r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_r < n_rows
+    query = offs_r // GROUP
+    head = off_hkv * GROUP + offs_r % GROUP
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+
+    # the keys the tile's queries see: [lo, hi), then this split's run of whole tiles in it
+    first_q = (tile * BLOCK_M) // GROUP
+    last_q = (tl.minimum(tile * BLOCK_M + BLOCK_M, n_rows) - 1) // GROUP
+    lo = 0
+    hi = length
+    if CAUSAL:
+        hi = tl.minimum(tl.maximum(last_q + offset + 1, 0), length)
+    if WINDOW:
+        hi = tl.minimum(tl.maximum(last_q + offset + win_right + 1, 0), length)
+        lo = tl.minimum(tl.maximum(first_q + offset - win_left, 0), hi)
+    first_tile = lo // BLOCK_N
+    n_tiles = tl.where(hi > lo, tl.cdiv(hi, BLOCK_N) - first_tile, 0)
+    per_split = tl.cdiv(n_tiles, num_splits)
+    run_lo = (first_tile + split * per_split) * BLOCK_N
+    run_hi = tl.minimum((first_tile + tl.minimum((split + 1) * per_split, n_tiles)) * BLOCK_N, hi)
+
+    q_rows = off_b * stride_qb + query.to(tl.int64) * stride_qn + head * stride_qh
+    q_mask = row_ok[:, None] if EVEN_D else row_ok[:, None] & (offs_d < head_dim)[None, :]
+    q = tl.load(Q + q_rows[:, None] + (offs_d * stride_qd)[None, :], mask=q_mask, other=0.0)
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
+    log2e = tl.full([], 1.4426950408889634, ACC_DTYPE)
+    if ALIBI:
+        slopes = tl.load(Slopes + off_b * stride_ab + head * stride_ah, mask=row_ok, other=0.0)
+        slope2 = (slopes.to(ACC_DTYPE) * log2e)[:, None]
+    else:
+        slope2 = tl.zeros([BLOCK_M, 1], ACC_DTYPE)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
+    if SINKS and not COMBINE:  # the sink: a key of logit z_h with no value, already seen
+        z = tl.load(Sinks + head * stride_z, mask=row_ok, other=0.0)
+        m_i = z.to(ACC_DTYPE) * log2e
+        l_i = tl.full([BLOCK_M], 1.0, ACC_DTYPE)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
+        l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+
+    k_base = K + off_hkv * stride_kh
+    v_base = V + off_hkv * stride_vh
+    for start_n in range(run_lo, run_hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < run_hi  # never a position >= L_b
+        k_rows, v_rows = _cache_rows(Table, off_b, offs_n, key_ok, stride_kp, stride_kn, stride_vp,
+                                     stride_vn, stride_tb, stride_tp, page_size, num_pages, PAGED)
+        k_mask = key_ok[:, None] if EVEN_D else key_ok[:, None] & (offs_d < head_dim)[None, :]
+        k = tl.load(k_base + k_rows[:, None] + (offs_d * stride_kd)[None, :], mask=k_mask, other=0.0)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC_DTYPE)
+        if SOFTCAP or ALIBI:
+            s, _ = _modified_scores(qk, query[:, None], offs_n[None, :], N_Q, length, scale2,
+                                    SOFTCAP, cap2, ALIBI, slope2)
+        else:
+            s = qk * scale2
+        visible = key_ok[None, :]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= query[:, None] + offset)
+        if WINDOW:
+            visible = visible & _in_window(query[:, None], offs_n[None, :], N_Q, length, win_left,
+                                           win_right)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2(-inf) = 0
+        p = tl.exp2(s - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_mask = key_ok[:, None] if EVEN_DV else key_ok[:, None] & (offs_dv < head_dim_v)[None, :]
+        v = tl.load(v_base + v_rows[:, None] + (offs_dv * stride_vd)[None, :], mask=v_mask, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
+                     out_dtype=ACC_DTYPE)
+        m_i = m_new
+
+    # epilogue: rows that saw no key (nor a sink) have l_i = 0 -> o = 0, lse = -inf
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    dv_ok = row_ok[:, None] & (offs_dv < head_dim_v)[None, :]
+    if COMBINE:
+        part = ((off_b * H_KV + off_hkv) * num_splits + split) * n_rows + offs_r
+        tl.store(Out + (part * head_dim_v)[:, None] + offs_dv[None, :], o, mask=dv_ok)
+        tl.store(LSE + part, lse2, mask=row_ok)
+    else:
+        o_rows = off_b * stride_ob + query.to(tl.int64) * stride_on + head * stride_oh
+        tl.store(Out + o_rows[:, None] + (offs_dv * stride_od)[None, :], o.to(Out.dtype.element_ty),
+                 mask=dv_ok)
+        ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
+        tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + query, lse2 * ln2, mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the combine kernel
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _decode_combine(
+    OPart, LSEPart, Out, LSE, Sinks,
+    stride_ob, stride_on, stride_oh, stride_od, stride_z,
+    H_KV, GROUP, N_Q, num_splits, head_dim_v,
+    BLOCK_DV: tl.constexpr, SINKS: tl.constexpr, ACC_DTYPE: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    """o and lse of one query row from its num_splits partials (:func:`_decode_partial`'s COMBINE
+    layout), BLOCK_S splits at a time, merged online by their base-2 lse; the sink (SINKS) is
+    the merge's starting term (lse z_h, o = 0). Partials of lse -inf weigh 0 and their o is not
+    read. Grid: (GROUP * Nq, H_KV, B)."""
+    row = tl.program_id(0)
+    off_hkv = tl.program_id(1).to(tl.int64)
+    off_b = tl.program_id(2).to(tl.int64)
+    n_rows = GROUP * N_Q
+    query = row // GROUP
+    head = off_hkv * GROUP + row % GROUP
+    offs_dv = tl.arange(0, BLOCK_DV)
+    dv_ok = offs_dv < head_dim_v
+    first = (off_b * H_KV + off_hkv) * num_splits * n_rows + row  # split s's row: first + s * R
+
+    log2e = tl.full([], 1.4426950408889634, ACC_DTYPE)
+    if SINKS:
+        m_i = tl.load(Sinks + head * stride_z).to(ACC_DTYPE) * log2e
+        l_i = tl.full([], 1.0, ACC_DTYPE)
+    else:
+        m_i = tl.full([], float("-inf"), ACC_DTYPE)
+        l_i = tl.zeros([], ACC_DTYPE)
+    acc = tl.zeros([BLOCK_DV], dtype=ACC_DTYPE)
+    for start_s in range(0, num_splits, BLOCK_S):
+        offs_s = start_s + tl.arange(0, BLOCK_S)
+        parts = first + offs_s.to(tl.int64) * n_rows
+        lse_s = tl.load(LSEPart + parts, mask=offs_s < num_splits, other=float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(lse_s, 0))
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.exp2(lse_s - m_sub)
+        alpha = tl.exp2(m_i - m_sub)
+        seen = lse_s > float("-inf")
+        o_s = tl.load(OPart + (parts * head_dim_v)[:, None] + offs_dv[None, :],
+                      mask=seen[:, None] & dv_ok[None, :], other=0.0)
+        acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
+        l_i = l_i * alpha + tl.sum(w, 0)
+        m_i = m_new
+
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)
+    ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)
+    o_row = off_b * stride_ob + query.to(tl.int64) * stride_on + head * stride_oh
+    tl.store(Out + o_row + offs_dv * stride_od, o.to(Out.dtype.element_ty), mask=dv_ok)
+    tl.store(LSE + (off_b * H_KV * GROUP + head) * N_Q + query, lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3: host side
+# ---------------------------------------------------------------------------------------------
+
+#: Page sizes declared (``Capabilities.kvcache``). The addressing takes any page size (per key
+#: row); others are refused only so that the declaration, which the error contract checks, is
+#: exact: add one here to declare it.
+PAGE_SIZES: tuple[int, ...] = (1, 16, 48, 64, 100, 256)
+#: The most splits a call takes (``num_splits``), and the heuristic's cap.
+MAX_SPLITS: int = 128
+#: The most queries per sequence (Nq) a call decodes.
+MAX_QUERIES: int = 64
+#: What the entry point declares (``Capabilities.kvcache``).
+DECLARATION = KVCache(contiguous=True, page_sizes=PAGE_SIZES, max_splits=MAX_SPLITS, max_queries=MAX_QUERIES)
+
+#: Key tile (BLOCK_N) without ``block_n``: small under the interpreter (CPU problems are short,
+#: and several tiles per run exercise the loop); 64 keys x 128 dims x 2 bytes (16 KiB) per
+#: K or V tile on a GPU, pipelined three deep.
+_DEFAULT_BLOCK_N: int = 16 if ta.INTERPRET else 64
+#: The largest row tile (BLOCK_M) without ``block_m``: a GQA group of 8 query heads at Nq = 8 fits
+#: one tile; more rows are cut into row tiles (each reads the keys again).
+_MAX_ROWS: int = 64
+#: Splits of the combine kernel's inner loop (it merges this many partials per step).
+_COMBINE_SPLITS: int = 16
+#: The split heuristic: programs to aim for, in waves of one program per SM (a decode program is
+#: small: several are resident per SM, so two waves keep every SM streaming to the end), and
+#: the fewest key tiles a run keeps (below, the partial's fixed costs and the combine dominate).
+_WAVES: int = 2
+_MIN_TILES_PER_SPLIT: int = 4
+#: SMs the heuristic assumes without a GPU (the interpreter): an H200's, so the CPU runs choose
+#: the splits a GPU would choose for the same problem.
+_NOMINAL_SMS: int = 132
+#: Bytes of shared memory the default tiles may use on a GPU (per stage: a K and a V tile).
+_SMEM_BUDGET: int = 160 * 1024
+#: CUDA's limit on the grid's y and z axes (kv heads, batch elements).
+_MAX_GRID_YZ: int = 65535
+#: From this many cached keys per call (B * Hkv * capacity) on, the launch uses the kernels that
+#: Triton specialises on their integer arguments and pointer alignment (unit and 16-multiple
+#: strides known at compile time: vectorised loads), a compilation per combination; smaller
+#: calls (the property suite's many small, varied problems) use the twins compiled once per set
+#: of compile-time constants (``kernels.triton_attention._unspecialized``).
+_SPECIALISE_MIN_KEYS: int = 2**16
+
+
+def choose_splits(batch: int, kv_heads: int, row_tiles: int, capacity: int, block_n: int,
+                  sms: int) -> int:
+    """The split count for ``num_splits=0``: enough programs (``batch * kv_heads * row_tiles *
+    splits``) for _WAVES waves of ``sms`` programs, but no more splits than leave each run
+    _MIN_TILES_PER_SPLIT key tiles of the capacity (the longest sequence the cache holds), and at
+    most MAX_SPLITS. At least 1.
+
+    On an H200 (132 SMs), Hkv = 8: B = 1 takes 33 splits from 33 * 256 keys on (8.4k), fewer below;
+    B >= 33 takes 1 (the batch fills the GPU). It reads the capacity, not ``cache_seqlens``, so
+    choosing needs no device synchronisation; a sequence shorter than the capacity gets runs of
+    fewer tiles (its splits cut its own key range)."""
+    wanted = triton.cdiv(_WAVES * sms, max(1, batch * kv_heads * row_tiles))
+    room = max(1, capacity // (_MIN_TILES_PER_SPLIT * block_n))
+    return max(1, min(MAX_SPLITS, wanted, room))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sms(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (:data:`_NOMINAL_SMS` for the interpreter's CPU)."""
+    if device.type != "cuda":
+        return _NOMINAL_SMS
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def _tiles(rows: int, d: int, dv: int, dtype: torch.dtype, block_m: int | None,
+           block_n: int | None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_M: the ``rows`` padded to a power of two
+    >= 16, at most ``block_m`` (or _MAX_ROWS); BLOCK_N: ``block_n`` or the default, halved on a GPU
+    until three stages of K and V tiles fit the budget (large head dims, fp32, fp64). Explicit
+    tiles over the dense kernel's shared-memory budget are refused as the dense kernel refuses
+    them (``resolve_tiles``: the same ``Limit``)."""
+    if block_m is not None or block_n is not None:
+        ta.resolve_tiles(1, 1, d, dv, dtype, block_m, block_n)  # raises NotImplementedError when over
+    block_m_ = min(block_m or _MAX_ROWS, max(16, triton.next_power_of_2(rows)))
+    width = ta.padded_head_dim(d) + ta.padded_head_dim(dv)
+    if block_n is not None:
+        stages = 2 if ta._smem_bytes(block_m_, block_n, width, dtype.itemsize, 2) <= _SMEM_BUDGET else 1
+        return block_m_, block_n, 4, stages
+    tile = _DEFAULT_BLOCK_N
+    while tile > 16 and ta._smem_bytes(block_m_, tile, width, dtype.itemsize, 3) > _SMEM_BUDGET:
+        tile //= 2
+    stages = 3 if ta._smem_bytes(block_m_, tile, width, dtype.itemsize, 3) <= _SMEM_BUDGET else 1
+    return block_m_, tile, 4, stages
+
+
+def _check_tensors(q: object, k_cache: object, v_cache: object, scale: float | None,
+                   block_m: int | None, block_n: int | None) -> None:
+    """What the kernels take beyond ``check_decode``'s shapes: tensors of one declared dtype on one
+    device, the interpreter for CPU tensors (no bf16 there), head dims <= 256, 32-bit head-dim
+    offsets, a finite scale, declared tiles; inputs that do not require grad (forward only)."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
+                        f"{v_cache.dtype}")
+    if q.dtype not in ta._ALL_DTYPES:
+        raise TypeError(f"dtype {q.dtype} is not supported (fp16, bf16, fp32, fp64)")
+    if not q.device == k_cache.device == v_cache.device:
+        raise ValueError(f"q, k_cache, v_cache must share a device, got {q.device}, {k_cache.device}, "
+                         f"{v_cache.device}")
+    if q.device.type not in ("cpu", "cuda"):
+        raise NotImplementedError(f"device type {q.device.type} is not supported")
+    if q.device.type == "cpu" and not ta.INTERPRET:
+        raise NotImplementedError("CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 "
+                                  "before kernels.triton_attention is imported")
+    if ta.INTERPRET and q.dtype == torch.bfloat16:
+        raise NotImplementedError(f"bfloat16 under the interpreter: {ta._BF16_INTERPRETER_REASON}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
+        raise NotImplementedError("kvcache is forward only: call it on inputs that do not require grad")
+    if q.dim() == 4 and v_cache.dim() == 4 and (q.shape[-1] > 256 or v_cache.shape[-1] > 256):
+        raise NotImplementedError(f"head dims above 256 are not supported (D={q.shape[-1]}, "
+                                  f"Dv={v_cache.shape[-1]})")
+    if scale is not None and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    for name, tile in (("block_m", block_m), ("block_n", block_n)):
+        if tile is not None and tile not in ta.TILE_SIZES:
+            raise ValueError(f"{name}={tile} is not one of {ta.TILE_SIZES}")
+    ta._check_columns(q, k_cache, v_cache)
+
+
+def _check_declared(q: Tensor, k_cache: Tensor, block_table: Tensor | None, hkv: int) -> None:
+    """Refuse, with NotImplementedError, what :data:`DECLARATION` and the grid do not cover."""
+    b, nq = q.shape[:2]
+    if block_table is not None and k_cache.shape[1] not in PAGE_SIZES:
+        raise NotImplementedError(f"page_size={k_cache.shape[1]} is not declared (page sizes {PAGE_SIZES}: "
+                                  "any size works; the declaration lists those the suite checks)")
+    if nq > MAX_QUERIES:
+        raise NotImplementedError(f"Nq={nq} queries per sequence: at most {MAX_QUERIES} are decoded at once")
+    if q.device.type == "cuda" and b * q.shape[2] > ta._MAX_GRID_Y:
+        raise NotImplementedError(f"batch * heads = {b * q.shape[2]} exceeds the grid limit "
+                                  f"{ta._MAX_GRID_Y} (the dense kernel's limit, declared for both)")
+    if q.device.type == "cuda" and max(b, hkv) > _MAX_GRID_YZ:
+        raise NotImplementedError(f"B={b}, Hkv={hkv}: at most {_MAX_GRID_YZ} each (CUDA grid axes)")
+
+
+def _kernels(keys: int, device: torch.device) -> tuple:
+    """(partial, combine): Triton-specialised for calls of at least _SPECIALISE_MIN_KEYS cached keys
+    on a GPU, else their twins compiled once per set of compile-time constants."""
+    if device.type == "cuda" and keys >= _SPECIALISE_MIN_KEYS:
+        return _decode_partial, _decode_combine
+    return _PARTIAL_PLAIN, _COMBINE_PLAIN
+
+
+_PARTIAL_PLAIN = ta._unspecialized(_decode_partial)
+_COMBINE_PLAIN = ta._unspecialized(_decode_combine)
+
+
+def _acc(dtype: torch.dtype) -> tl.dtype:
+    """The kernels' ACC_DTYPE: float64 for float64 inputs, else float32."""
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    *,
+    cache_seqlens: Tensor,
+    block_table: Tensor | None = None,
+    num_splits: int = 0,
+    causal: bool = False,
+    scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: Tensor | None = None,
+    sinks: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """KV-cache decode (``flash_attn_with_kvcache``), forward only: returns (o, lse).
+
+    q (B, Nq, Hq, D); k_cache, v_cache (B, Ncache, Hkv, D / Dv), or paged (num_pages, page_size,
+    Hkv, D / Dv) with an int32 ``block_table`` (B, max_pages); int32 ``cache_seqlens`` (B,); any
+    strides. ``num_splits``: split-KV runs, 1..MAX_SPLITS, 0 to let :func:`choose_splits` pick.
+    ``causal`` (bottom-right: query i sees keys j <= i + L_b - Nq), ``scale`` (default
+    1/sqrt(D)) and the variants as the dense ``attention`` takes them; ``block_m`` / ``block_n``
+    bound the row and key tiles. o (B, Nq, Hq, Dv) in q's dtype, lse (B, Hq, Nq) float32
+    (float64 for float64). Inputs are checked by ``contract.validate.check_decode`` and
+    ``check_variants`` (clear errors for malformed lengths, tables and splits).
+    """
+    _check_tensors(q, k_cache, v_cache, scale, block_m, block_n)
+    capacity = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, MAX_SPLITS)
+    b, nq, hq, d = q.shape
+    hkv, dv = k_cache.shape[2], v_cache.shape[3]
+    _check_declared(q, k_cache, block_table, hkv)
+    var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
+                         alibi_slopes=alibi_slopes, sinks=sinks)
+    band_causal, window = ta.resolve_band(bool(causal), var.window, nq, capacity)
+    mods = ta._Mods(band_causal, window, var.softcap, var.alibi_slopes, var.sinks)
+    sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = torch.empty((b, nq, hq, dv), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, hq, nq), dtype=acc_dtype, device=q.device)
+    if o.numel() == 0 and lse.numel() == 0:
+        return o, lse
+    group = hq // hkv
+    rows = group * nq
+    block_m_, block_n_, warps, stages = _tiles(rows, d, dv, q.dtype, block_m, block_n)
+    row_tiles = triton.cdiv(rows, block_m_)
+    splits = num_splits or choose_splits(b, hkv, row_tiles, capacity, block_n_, _sms(q.device))
+    paged = block_table is not None
+    partial, combine = _kernels(b * hkv * capacity, q.device)
+
+    table = block_table if paged else cache_seqlens  # an unused pointer points at any tensor
+    page_size = k_cache.shape[1] if paged else 0
+    num_pages = k_cache.shape[0] if paged else 0
+    if splits > 1:
+        out = torch.empty((b, hkv, splits, rows, dv), dtype=acc_dtype, device=q.device)
+        out_lse = torch.empty((b, hkv, splits, rows), dtype=acc_dtype, device=q.device)
+    else:
+        out, out_lse = o, lse
+    sinks_ = (mods.sinks, mods.sinks.stride(0)) if mods.sinks is not None else (lse, 0)
+    block_d, block_dv = ta.padded_head_dim(d), ta.padded_head_dim(dv)
+    device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    with device:
+        partial[(splits * row_tiles, hkv, b)](
+            q, k_cache, v_cache, table, cache_seqlens, out, out_lse,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            *(table.stride() if paged else (0, 0)), *o.stride(),
+            hkv, group, nq, capacity, page_size, num_pages, splits,
+            *ta._variant_args(lse, mods, sm_scale), *sinks_,
+            d, dv, EVEN_D=block_d == d, EVEN_DV=block_dv == dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            PAGED=paged, CAUSAL=mods.causal, WINDOW=mods.window is not None, SOFTCAP=bool(mods.softcap),
+            ALIBI=mods.slopes is not None, SINKS=mods.sinks is not None, COMBINE=splits > 1,
+            ACC_DTYPE=_acc(q.dtype), PRECISION="ieee", BLOCK_M=block_m_, BLOCK_N=block_n_,
+            num_warps=warps, num_stages=stages,
+        )
+        if splits > 1:
+            combine[(rows, hkv, b)](
+                out, out_lse, o, lse, sinks_[0], *o.stride(), sinks_[1], hkv, group, nq, splits, dv,
+                BLOCK_DV=block_dv, SINKS=mods.sinks is not None, ACC_DTYPE=_acc(q.dtype),
+                BLOCK_S=min(_COMBINE_SPLITS, triton.next_power_of_2(splits)), num_warps=4, num_stages=1,
+            )
+    return o, lse
