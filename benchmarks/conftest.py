@@ -20,7 +20,7 @@ The device comes from the root conftest's ``--device`` (default: cuda when avail
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -62,7 +62,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def bench_option(config: pytest.Config, option: str) -> str | None:
     """An option's value, else its environment variable's, else ``None``."""
-    return config.getoption(option) or os.environ.get(_OPTIONS[option]) or None
+    return option_or_env(option, config.getoption(option))
+
+
+def option_or_env(option: str, value: str | None) -> str | None:
+    """``value`` (a command line's), else the option's environment variable's, else ``None``."""
+    return value or os.environ.get(_OPTIONS[option]) or None
 
 
 def bench_device(config: pytest.Config) -> str:
@@ -77,18 +82,24 @@ def bench_device(config: pytest.Config) -> str:
 
 def grid_spec(config: pytest.Config, device: str) -> GridSpec:
     """The grid for ``device`` narrowed by the command-line options."""
+    return grid_from(lambda option: bench_option(config, option), device)
+
+
+def grid_from(value: Callable[[str], str | None], device: str) -> GridSpec:
+    """The grid for ``device`` narrowed by ``value(--bench-...)``, the options' values (pytest's
+    options here, ``flashprop bench --against``'s in :mod:`benchmarks.against`)."""
     base = GPU_GRID if device == "cuda" else CPU_GRID
     return GridSpec(
-        seqlens=parse_ints(bench_option(config, "--bench-seqlens"), base.seqlens),
-        head_dims=parse_ints(bench_option(config, "--bench-head-dims"), base.head_dims),
+        seqlens=parse_ints(value("--bench-seqlens"), base.seqlens),
+        head_dims=parse_ints(value("--bench-head-dims"), base.head_dims),
         dtypes=tuple(
             LONG_DTYPE.get(name, name)
-            for name in parse_names(bench_option(config, "--bench-dtypes"), base.dtypes)
+            for name in parse_names(value("--bench-dtypes"), base.dtypes)
         ),
-        modes=parse_names(bench_option(config, "--bench-modes"), base.modes),
+        modes=parse_names(value("--bench-modes"), base.modes),
         tokens=base.tokens,
         hidden=base.hidden,
-        variants=parse_names(bench_option(config, "--bench-variants"), base.variants),
+        variants=parse_names(value("--bench-variants"), base.variants),
     )
 
 

@@ -7,7 +7,11 @@
     flashprop replay KERNEL PROPERTY:Problem(...)   one property on one problem (failures print it)
     flashprop bench [--bench-kernels K,...] [--bench-subset NAME] [--device cpu|cuda]
                     [--suites attention memory layer suite] [--json FILE] [--out DIR]
+    flashprop bench --against REV|KERNEL [--candidate REV] [--row LABEL ...] [--threshold 0.05]
+    flashprop bench --repeat N --write-baseline BASELINE        learn each row's noise band
+    flashprop bench --report [--history FILE] [--out DIR]      trend plot, slow-drift flags
     flashprop gate BASELINE RESULTS.json [...] [--update | --replace] [--tolerance T]
+    flashprop bisect GOOD BAD --row LABEL [--kernel SPEC] [--threshold 0.05]
 
 ``fuzz`` is the main job: every applicable property on the kernel (a registered name,
 ``module:attr`` or ``path/to/file.py:attr``) with the ``fuzz`` Hypothesis profile; the output
@@ -15,9 +19,12 @@ ends with the per-property table and each failure's cause once, shrunk, with its
 tracebacks go to a file, :func:`tracebacks_file`; ``--all-skips`` lists each test that drew
 nothing, with its reason); exit status 1 on any failure. It runs pytest on the installed property
 modules (``flashprop.properties``). ``bench`` times kernels on the benchmark grid
-(``flashprop.benchmarks``, pytest-benchmark) and prints the table; ``gate`` compares a bench
-run's anchor ratios with a baseline, exit 1 on a regression. Arguments ``fuzz`` and ``bench``
-do not know, and anything after ``--``, go to pytest.
+(``flashprop.benchmarks``, pytest-benchmark) and prints the table; ``bench --against`` times a
+kernel against its version at a git revision (or another kernel) interleaved in one process and
+fails a row whose ratio's interval lies beyond the threshold; ``gate`` compares a bench run's
+anchor ratios with a baseline, each row within its learned noise band, exit 1 on a regression;
+``bisect`` finds the commit that slowed a row. Arguments ``fuzz`` and ``bench`` do not know, and
+anything after ``--``, go to pytest (``bisect``'s to each step's ``bench --against``).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import subprocess
 import sys
 import tempfile
 from importlib.metadata import entry_points
@@ -38,6 +46,9 @@ PACKAGE = "flashprop.properties"
 #: ``bench --suites``: the benchmark modules of ``flashprop.benchmarks`` (``benchmarks/``).
 SUITES = {"attention": "bench_attention", "memory": "bench_memory", "layer": "bench_layer",
           "suite": "bench_suite"}
+#: ``bench``'s grid options, passed on to pytest (and read by ``--against``).
+GRID_OPTIONS = ("--bench-seqlens", "--bench-head-dims", "--bench-dtypes", "--bench-modes",
+                "--bench-variants", "--bench-anchors")
 
 
 def _plugin_args() -> list[str]:
@@ -147,13 +158,78 @@ def replay(ns: argparse.Namespace) -> int:
     return _pytest(args)
 
 
+def _option_name(option: str) -> str:
+    return option[2:].replace("-", "_")
+
+
+def _grid_args(ns: argparse.Namespace) -> list[str]:
+    """The grid's options as given (``--bench-kernels``, ``--bench-subset`` and GRID_OPTIONS)."""
+    args = []
+    for option in ("--bench-kernels", "--bench-subset", *GRID_OPTIONS):
+        value = getattr(ns, _option_name(option))
+        if value is not None:
+            args += [option, value]
+    return args
+
+
+def _repeat(ns: argparse.Namespace) -> int:
+    """``bench --repeat N --write-baseline FILE``: N bench runs, each in a fresh process, then
+    ``flashprop gate --update FILE`` of all of them, which keeps each row's median ratio and its
+    spread over the runs (the row's noise band, benchmarks/gate.py)."""
+    from flashprop.benchmarks.gate import main as gate_main
+
+    with tempfile.TemporaryDirectory(prefix="flashprop-repeat-") as tmp:
+        runs = []
+        for i in range(ns.repeat):
+            run = Path(tmp) / f"run{i + 1}.json"
+            command = [sys.executable, "-m", "flashprop.cli", "bench", "--suites", *ns.suites,
+                       *(["--device", ns.device] if ns.device else []), *_grid_args(ns),
+                       "--json", str(run), "--", *ns.pytest_args]
+            print(f"flashprop bench: run {i + 1} of {ns.repeat}", flush=True)
+            status = subprocess.run(command).returncode
+            if status != 0 or not run.is_file():
+                print(f"flashprop bench: run {i + 1} failed (exit {status}); no baseline written",
+                      file=sys.stderr)
+                return status or 2
+            runs.append(str(run))
+        if ns.repeat < 2:
+            print("flashprop bench: one run learns no spread (its rows gate with the tolerance); "
+                  "--repeat 3 or more learns each row's band")
+        return gate_main(["--update", ns.write_baseline, *runs])
+
+
+def _report(ns: argparse.Namespace) -> int:
+    """``bench --report``: the history's trend plot and table (benchmarks/history.py); exit 1
+    when a row drifts, 2 without a history."""
+    from flashprop.benchmarks.history import HISTORY_NAME, load, write_report
+
+    path = Path(ns.history) if ns.history else Path(ns.out or ".flashprop") / HISTORY_NAME
+    if not path.is_file():
+        print(f"flashprop bench --report: no history {path} (flashprop gate and bench --against "
+              "append to it; --history FILE names another)", file=sys.stderr)
+        return 2
+    folder = Path(ns.out) if ns.out else path.parent
+    lines, trends = write_report(load(path), folder)
+    print("\n".join(lines))
+    drifting = sum(t.drift for t in trends)
+    print(f"flashprop bench --report: {drifting} drifting row(s); report in {folder}")
+    return 1 if drifting else 0
+
+
 def bench(ns: argparse.Namespace) -> int:
     """Time kernels on the benchmark grid against the anchors (sdpa-math on the CPU, SDPA flash
     and cuDNN on a GPU), with pytest-benchmark, and measure their memory growth with N; print the
     markdown table. Clocks: CUDA events on a GPU, wall-clock time on the CPU (sleeps and waits
     count; the 'suite' gate alone uses process CPU time); each table names its clock. Unavailable
-    kernels and undeclared problems are skipped with the reason (in the memory table too)."""
-    if importlib.util.find_spec("pytest_benchmark") is None:
+    kernels and undeclared problems are skipped with the reason (in the memory table too).
+    --against REV|KERNEL: an A/B run of the kernel against its version at a git revision (or
+    another kernel), interleaved round by round in one process; a row fails when the interval of
+    its time ratio lies wholly beyond --threshold (benchmarks/against.py, benchmarks/ab.py).
+    --repeat N --write-baseline FILE: a baseline with each row's noise band. --report: the
+    history's trends and slow drift (benchmarks/history.py)."""
+    if ns.report:
+        return _report(ns)
+    if ns.against is None and importlib.util.find_spec("pytest_benchmark") is None:
         print("flashprop bench: needs pytest-benchmark (pip install 'flashprop[bench]')", file=sys.stderr)
         return 2
     from flashprop.plugin import prepare_device
@@ -165,6 +241,20 @@ def bench(ns: argparse.Namespace) -> int:
     if problem:
         print(f"flashprop bench: {problem}", file=sys.stderr)
         return 2
+    if ns.against is not None:
+        if ns.pytest_args:
+            print(f"flashprop bench --against: unrecognized arguments: {' '.join(ns.pytest_args)}",
+                  file=sys.stderr)
+            return 2
+        from flashprop.benchmarks.against import run as against
+
+        return against(ns)
+    if ns.write_baseline:
+        return _repeat(ns)
+    if ns.repeat != 1:
+        print("flashprop bench: --repeat N needs --write-baseline FILE (the runs become its rows and "
+              "their spreads)", file=sys.stderr)
+        return 2
     # files, not --pyargs: pytest reads the options of the suites' conftest only from a file's folder
     files = [importlib.util.find_spec(f"flashprop.benchmarks.{SUITES[s]}").origin for s in ns.suites]
     with tempfile.TemporaryDirectory(prefix="flashprop-bench-") as tmp:
@@ -173,11 +263,9 @@ def bench(ns: argparse.Namespace) -> int:
         # benchmarks time one process: no xdist (an inherited xdist worker's environment is
         # dropped by the benchmarks' conftest)
         args = [*files, "-q", "-rs", "-p", "no:xdist", f"--benchmark-json={results}", "--bench-report", out]
-        for option, value in (("--device", ns.device), ("--bench-kernels", ns.bench_kernels),
-                              ("--bench-subset", ns.bench_subset)):
-            if value is not None:
-                args += [option, value]
-        status = _pytest([*args, *ns.pytest_args])
+        if ns.device is not None:
+            args += ["--device", ns.device]
+        status = _pytest([*args, *_grid_args(ns), *ns.pytest_args])
         table = Path(out) / "bench.md"
         if table.is_file():
             print(table.read_text())
@@ -193,6 +281,19 @@ def gate(ns: argparse.Namespace) -> int:
     pytest-benchmark JSON files with a baseline: exit 0 pass, 1 regression beyond the tolerance,
     2 nothing compared. --update writes the run into the baseline (benchmarks/gate.py)."""
     from flashprop.benchmarks.gate import run
+
+    return run(ns)
+
+
+def bisect(ns: argparse.Namespace) -> int:
+    """Find the first commit between GOOD and BAD at which the benchmark row --row regressed: A/B
+    runs of each commit git bisect picks against GOOD (flashprop bench --against GOOD --candidate
+    COMMIT), driven by git bisect run in a temporary worktree; prints the commit and the A/B table
+    at it (benchmarks/git_bisect.py). Exit 0 found, 1 none (BAD does not regress), 2 usage."""
+    from flashprop.plugin import prepare_device
+
+    prepare_device(ns.device)
+    from flashprop.benchmarks.git_bisect import run
 
     return run(ns)
 
@@ -268,21 +369,65 @@ def parser() -> argparse.ArgumentParser:
                        description=bench.__doc__)
     b.add_argument("--bench-kernels", metavar="K,K",
                    help="kernels to time: registered names, module:attr or file.py:attr (default: every "
-                   "registered one); other --bench-* options (seqlens, head-dims, dtypes, modes, anchors) "
-                   "go to pytest as they are")
+                   "registered one; with --against, triton)")
     b.add_argument("--bench-subset", metavar="NAME", help="a named subset of the grid (benchmarks/grid.py)")
+    for option, example in zip(GRID_OPTIONS, ("1k,4k", "64,128", "bf16,fp16", "fwd,fwd+bwd",
+                                              "dense,softcap", "sdpa-flash,sdpa-cudnn")):
+        b.add_argument(option, metavar=example, help=f"the grid's {option[8:]} (benchmarks/conftest.py)")
     b.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda if available)")
     b.add_argument("--suites", nargs="+", choices=sorted(SUITES), default=["attention", "memory"],
                    help="what to time: attention (the TFLOP/s grid), memory (peak memory growth with N), "
                    "layer (a transformer block), suite (the suite's own hot paths); default: attention "
                    "memory")
-    b.add_argument("--json", metavar="FILE", help="keep the pytest-benchmark JSON (flashprop gate reads it)")
-    b.add_argument("--out", metavar="DIR", help="write the table (bench.md) and plot (bench.png) there")
+    b.add_argument("--json", metavar="FILE",
+                   help="keep the pytest-benchmark JSON (flashprop gate reads it); with --against, the "
+                   "A/B's rows and every round's times")
+    b.add_argument("--out", metavar="DIR",
+                   help="write the table (bench.md) and plot (bench.png) there; with --against, ab.md; "
+                   "with --report, history.md and history.png")
+    ab = b.add_argument_group("A/B against a base (benchmarks/against.py)")
+    ab.add_argument("--against", metavar="REV|KERNEL",
+                    help="time each kernel against its version at this git revision of the working "
+                    "folder's repository (a temporary worktree), or against this kernel spec")
+    ab.add_argument("--candidate", metavar="REV",
+                    help="the candidate at this revision instead of the working tree")
+    ab.add_argument("--row", action="append", metavar="LABEL",
+                    help="only this row of the grid, e.g. 'fwd d128 full N2048 bf16' (repeatable)")
+    ab.add_argument("--threshold", type=float, default=0.05,
+                    help="a row regresses when the interval of candidate / base time lies wholly above "
+                    "1 + threshold (default 0.05)")
+    ab.add_argument("--rounds", type=int, metavar="N",
+                    help="timed rounds per row (default: about 1 s of timed pairs, 30..200 on CUDA, "
+                    "10..200 on the CPU)")
+    ab.add_argument("--history", metavar="FILE",
+                    help="the history file (JSON lines) --against appends to and --report reads (default: "
+                    "flashprop-history.jsonl in --out, else in .flashprop/)")
+    ab.add_argument("--no-history", action="store_true", help="append nothing to the history")
+    nb = b.add_argument_group("noise bands and history")
+    nb.add_argument("--repeat", type=int, default=1, metavar="N",
+                    help="with --write-baseline: N runs, each in a fresh process")
+    nb.add_argument("--write-baseline", metavar="FILE",
+                    help="write the runs into this baseline (flashprop gate --update), each row with "
+                    "its spread over the runs, from which the gate sets the row's band")
+    nb.add_argument("--report", action="store_true",
+                    help="plot each row's trend from the history (needs matplotlib: the report extra) "
+                    "and flag slow drift; exit 1 when a row drifts")
     b.set_defaults(run=bench)
     g = sub.add_parser("gate", help="compare a bench run with a baseline: exit 1 on a regression",
                        description=gate.__doc__)
     add_arguments(g)
     g.set_defaults(run=gate)
+    s = sub.add_parser("bisect", help="find the commit that slowed a benchmark row (A/B runs, git bisect)",
+                       description=bisect.__doc__)
+    s.add_argument("good", metavar="GOOD", help="a revision where the row is fast")
+    s.add_argument("bad", metavar="BAD", help="a later revision where it is slow")
+    s.add_argument("--row", required=True, metavar="LABEL",
+                   help="the grid row, e.g. 'fwd d128 full N2048 bf16' (other --bench-* options after --)")
+    s.add_argument("--kernel", metavar="SPEC", help="the kernel (default: triton)")
+    s.add_argument("--threshold", type=float, default=0.05, help="as bench --against's (default 0.05)")
+    s.add_argument("--rounds", type=int, metavar="N", help="timed rounds per A/B (default: bench's)")
+    s.add_argument("--device", choices=("cpu", "cuda"), help="tensor device (default: cuda if available)")
+    s.set_defaults(run=bisect)
     return top
 
 
@@ -297,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         at = argv.index("--")
         argv, extra = argv[:at], argv[at + 1 :]
     ns, unknown = parser().parse_known_args(argv)
-    if unknown and ns.command not in ("fuzz", "bench"):
+    if unknown and ns.command not in ("fuzz", "bench", "bisect"):
         parser().error(f"unrecognized arguments: {' '.join(unknown)}")
     ns.pytest_args = [*unknown, *extra]
     return ns.run(ns)
