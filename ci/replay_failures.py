@@ -21,20 +21,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from flashprop.harness.report import REPLAY_HEADER
-
 
 def replay_commands(paths: list[Path]) -> dict[tuple[str, str], str]:
-    """(kernel, property) -> the replay command of its last failure."""
+    """(kernel, property) -> the replay command of its last failure (its record's)."""
     found = {}
     for path in paths:
         for row in json.loads(path.read_text()):
-            message = row.get("last_failure") or ""
-            lines = message.splitlines()
-            if row["failed"] and REPLAY_HEADER in lines:
-                found[(row["kernel"], row["property"])] = lines[lines.index(REPLAY_HEADER) + 1].strip()
+            record = row.get("failure") or {}
+            if row["failed"] and record.get("replay"):
+                found[(row["kernel"], row["property"])] = record["replay"]
     return found
 
 

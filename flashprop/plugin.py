@@ -496,7 +496,7 @@ def _note_examples(item: pytest.Item, call: pytest.CallInfo, report: pytest.Test
     if report.failed:
         error = call.excinfo.value if call.excinfo else None
         found = [e for e in getattr(error, "exceptions", [error]) if isinstance(e, PropertyFailure)]
-        text = "\n\n".join(map(str, found)) or own.last_failure
+        text = "\n\n".join(map(str, found)) or (own.last_failure and own.last_failure.render())
         if text:
             report.flashprop_failure = text
 

@@ -28,6 +28,7 @@ from flashprop.harness.check import (
     reference_for,
     yardstick_precision,
 )
+from flashprop.harness.symptoms import Relation
 from flashprop.harness.tolerance import Conditioning, budget
 
 #: Forward tensors the metamorphic properties compare.
@@ -103,24 +104,28 @@ def total(*parts: dict[str, float]) -> dict[str, float]:
     return {name: sum(p[name] for p in parts) for name in FORWARD}
 
 
-def disagreement(name: str, a: torch.Tensor, b: torch.Tensor, limit: float) -> str | None:
-    """Why ``a`` and ``b`` do not agree within ``limit`` (``None`` when they do)."""
+def disagreement(name: str, a: torch.Tensor, b: torch.Tensor, limit: float) -> Relation | None:
+    """How ``a`` and ``b`` disagree beyond ``limit`` (``None`` when they agree): the tensor, the
+    kind (``shape``, ``NaN``, ``inf``, ``off``) and the line that says where."""
     a, b = a.detach().to(torch.float64), b.detach().to(device=a.device, dtype=torch.float64)
     if a.shape != b.shape:
-        return f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ"
+        return Relation(name, "shape", f"{name}: shapes {tuple(a.shape)} and {tuple(b.shape)} differ")
     nan = torch.isnan(a) | torch.isnan(b)
     if nan.any():
-        return f"{name}: NaN in {int(nan.sum())} elements, first at {tuple(nan.nonzero()[0].tolist())}"
+        return Relation(name, "NaN", f"{name}: NaN in {int(nan.sum())} elements, first at "
+                        f"{tuple(nan.nonzero()[0].tolist())}")
     inf = (torch.isinf(a) | torch.isinf(b)) & (a != b)
     if inf.any():
         at = tuple(inf.nonzero()[0].tolist())
-        return f"{name}: inf pattern differs in {int(inf.sum())} elements, first at {at} ({a[at]} vs {b[at]})"
+        return Relation(name, "inf", f"{name}: inf pattern differs in {int(inf.sum())} elements, first at "
+                        f"{at} ({a[at]} vs {b[at]})")
     err = _max_finite_diff(a, b)
     if err > limit:
         diff = torch.where(torch.isfinite(a), (a - b).abs(), 0.0)
         at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
-        return (f"{name}: max|a - b| = {err:.3e} at {at} ({float(a[at]):.6g} vs {float(b[at]):.6g}) > "
-                f"budget {limit:.3e} (sum of both runs' tolerance-model budgets)")
+        return Relation(name, "off", f"{name}: max|a - b| = {err:.3e} at {at} ({float(a[at]):.6g} vs "
+                        f"{float(b[at]):.6g}) > budget {limit:.3e} (sum of both runs' tolerance-model "
+                        "budgets)")
     return None
 
 
@@ -140,7 +145,8 @@ def assert_agree(kernel: Kernel, problem: Problem, prop: str, what: str,
                  compared: list[Pair], limits: dict[str, float]) -> None:
     """Fail with :func:`harness.check.failure` unless each compared ``(name, a, b)`` agrees within
     ``limits[name]``; pairs with a ``None`` side (a kernel without lse) are skipped."""
-    bad = [msg for name, a, b in compared if a is not None and b is not None
-           if (msg := disagreement(name, a, b, limits[name])) is not None]
+    bad = [found for name, a, b in compared if a is not None and b is not None
+           if (found := disagreement(name, a, b, limits[name])) is not None]
     if bad:
-        raise PropertyFailure(failure(kernel, problem, prop, [what, *bad]))
+        lines = [what, *(r.line for r in bad)]
+        raise PropertyFailure(failure(kernel, problem, prop, lines, relation=bad[0]))

@@ -44,6 +44,7 @@ import hypothesis.core
 import pytest
 from flashprop.contract.capabilities import Capabilities, Limit
 from flashprop.harness import compile_locks
+from flashprop.harness.failures import Failure
 from flashprop.harness.report import autosave, merge_rows, note_cause, note_current, record, save_now
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -288,16 +289,12 @@ def collect_node(node, error) -> None:
         setattr(compile_locks.STATS, name, getattr(compile_locks.STATS, name) + value)
     if error is not None and current is not None and current.exists():
         last = json.loads(current.read_text())
-        message = "\n".join([
-            f"property {last['property']!r} failed for kernel {last['kernel']!r}",
-            f"problem: {last['problem']}",
-            *([f"the kernel raised {last['cause']}"] if "cause" in last else []),
-            f"the worker {worker} running it died ({str(error).strip().splitlines()[-1] if error else ''});"
-            " xdist replaced it and the campaign went on",
-            "replay this property on this problem alone:",
-            "    " + last["replay"],
-        ])
-        record(last["kernel"], last["property"], "failed", 0.0, message)
+        why = str(error).strip().splitlines()[-1] if error else ""
+        died = f"the worker {worker} running it died ({why}); xdist replaced it and the campaign went on"
+        raised = f"the kernel raised {last['cause']}" if "cause" in last else None
+        found = Failure(last["kernel"], last["property"], last["problem"], (died,) if raised else (),
+                        error=raised or died, replay=last["replay"])
+        record(last["kernel"], last["property"], "failed", 0.0, found)
     for path in (tally, current):
         if path is not None and path.exists():
             os.unlink(path)

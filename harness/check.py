@@ -25,9 +25,8 @@ from flashprop.contract.registry import Kernel
 from flashprop.harness import campaign, timebox
 from flashprop.harness.campaign import current_shard, database_key, end_worker, stop_if_asked
 from flashprop.harness.diagnosis import diagnose, diagnose_gradients
+from flashprop.harness.failures import Failure
 from flashprop.harness.report import (
-    REPLAY_HEADER,
-    REPRO_HEADER,
     TALLIES,
     begin,
     expect,
@@ -36,7 +35,7 @@ from flashprop.harness.report import (
     record,
 )
 from flashprop.harness.strategies import DRAWN
-from flashprop.harness.symptoms import symptom
+from flashprop.harness.symptoms import Relation, Symptom
 from flashprop.harness.tolerance import Comparison, Conditioning, compare, conditioning
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.layouts import (
@@ -64,25 +63,28 @@ CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
 
 
 class PropertyFailure(AssertionError):
-    """A property does not hold; the message carries the problem, the errors and a repro.
+    """A property does not hold: its :class:`harness.failures.Failure` record, and as message
+    its report.
 
-    ``later`` computes detail lines too costly for every failing example a shrink goes through
-    (the diagnoses, a dozen goldens each): :attr:`brief` is the report without them, what the
-    tallies keep while shrinking; ``str()`` adds them before the repro, computed once, for the
-    failure that is reported (the shrunk one)."""
+    ``later`` computes the diagnoses, too costly for every failing example a shrink goes through
+    (a dozen goldens each): :attr:`brief` is the record without them, what the tallies keep while
+    shrinking; :attr:`failure` (and ``str()``) has them, computed once, for the failure that is
+    reported (the shrunk one)."""
 
-    def __init__(self, report: str, later: Callable[[], list[str]] | None = None) -> None:
-        super().__init__(report)
-        self.brief = report
+    def __init__(self, failure: Failure, later: Callable[[], list[str]] | None = None) -> None:
+        super().__init__(failure.problem)
+        self.brief = failure
         self._later = later
-        self._full: str | None = None if later else report
+        self._full: Failure | None = None if later else failure
+
+    @property
+    def failure(self) -> Failure:
+        if self._full is None:
+            self._full = self.brief.replace(diagnoses=(*self.brief.diagnoses, *self._later()))
+        return self._full
 
     def __str__(self) -> str:
-        if self._full is None:
-            lines = self.brief.splitlines()
-            at = next((i for i, line in enumerate(lines) if line == REPRO_HEADER), len(lines))
-            self._full = "\n".join([*lines[:at], *self._later(), *lines[at:]])
-        return self._full
+        return self.failure.render()
 
 
 class KernelRefused(Exception):
@@ -95,10 +97,10 @@ class TimeBoxSpent(pytest.skip.Exception):
     ends the property there, a pass with the examples it ran (one at least)."""
 
 
-#: Kernels that broke the CUDA context: name -> the failure report of the problem that did it.
-#: The context is the process's, so once it is broken every later GPU test of any kernel is
-#: skipped, saying why.
-BROKEN: dict[str, str] = {}
+#: Kernels that broke the CUDA context: name -> the failure of the problem that did it. The
+#: context is the process's, so once it is broken every later GPU test of any kernel is skipped,
+#: saying why.
+BROKEN: dict[str, Failure] = {}
 
 _CUDA_FATAL = (
     "illegal memory access",
@@ -119,26 +121,22 @@ def failure(
     backward: bool = False,
     judged: Sequence[str] | None = None,
     inputs: tuple[str, str] | None = None,
-) -> str:
-    """The report of ``prop`` failing on ``problem``: the problem, the ``details``, a repro that
-    calls the kernel as the suite did and judges ``judged`` against the golden (default: o and
-    lse, and the gradients with ``backward``; :meth:`Problem.repro`, ``inputs`` as there) and
-    the command that replays the property on that problem alone."""
+    error: str | None = None,
+    symptom: Symptom | None = None,
+    relation: Relation | None = None,
+) -> Failure:
+    """The record of ``prop`` failing on ``problem`` (:mod:`harness.failures`): the problem, the
+    ``details``, what names the cause (``error``, ``symptom``, ``relation``: the record's fields),
+    a repro that calls the kernel as the suite did and judges ``judged`` against the golden
+    (default: o and lse, and the gradients with ``backward``; :meth:`Problem.repro`, ``inputs``
+    as there) and the command that replays the property on that problem alone."""
     if judged is None:
         judged = ("o", "lse", *(gradient_names(problem) if backward else ()))
     replay = replay_command(kernel.name, prop, problem)
     repro = problem.repro(kernel.name, judged=judged, returns_lse=kernel.capabilities.returns_lse,
                           inputs=inputs, replay=replay)
-    lines = [
-        f"property {prop!r} failed for kernel {kernel.name!r}",
-        f"problem: {problem.describe()}",
-        *details,
-        REPRO_HEADER,
-        *("    " + line for line in repro.splitlines()),
-        REPLAY_HEADER,
-        "    " + replay,
-    ]
-    return "\n".join(lines)
+    return Failure(kernel.name, prop, problem.describe(), tuple(details), error=error, symptom=symptom,
+                   relation=relation, repro=repro, replay=replay)
 
 
 def replay_command(kernel: str, prop: str, problem: Problem) -> str:
@@ -232,13 +230,12 @@ def run_kernel(
         if not declared:
             raise KernelRefused(text) from err
         raise PropertyFailure(
-            failure(
-                kernel, problem, prop, [f"the kernel refused a declared problem: {text}"], backward=backward
-            )
+            failure(kernel, problem, prop, [], error=f"the kernel refused a declared problem: {text}",
+                    backward=backward)
         ) from err
     except Exception as err:
         text = f"{type(err).__name__}: {err}"
-        message = failure(kernel, problem, prop, [f"the kernel raised {text}"], backward=backward)
+        message = failure(kernel, problem, prop, [], error=f"the kernel raised {text}", backward=backward)
         if any(s in str(err) for s in _CUDA_FATAL):
             # A dead CUDA context cannot run anything again. A campaign worker ends itself, its
             # problem noted with the cause: xdist starts a fresh worker (a fresh context) for
@@ -248,12 +245,13 @@ def run_kernel(
                 end_worker(text.splitlines()[0])
             BROKEN[kernel.name] = message
             record(kernel.name, prop, "failed", 0.0, message)
-            pytest.fail("the CUDA context is broken; the problem that broke it:\n" + message, pytrace=False)
+            pytest.fail(f"the CUDA context is broken; the problem that broke it:\n{message}", pytrace=False)
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
-        raise PropertyFailure(failure(kernel, problem, prop, ["declares returns_lse but returned only o"]))
+        lost = "declares returns_lse but returned only o"
+        raise PropertyFailure(failure(kernel, problem, prop, [], error=lost))
     if wrong:  # o's and lse's dtype and shape are the contract's (contract.outputs), in every property
-        raise PropertyFailure(failure(kernel, problem, prop, wrong, backward=backward))
+        raise PropertyFailure(failure(kernel, problem, prop, wrong[1:], error=wrong[0], backward=backward))
     return Outputs(o, lse, **grads)
 
 
@@ -349,7 +347,7 @@ def assert_close_to_golden(
     kernel: Kernel, problem: Problem, prop: str, out: Outputs, names: tuple[str, ...]
 ) -> None:
     """Fail unless each named tensor of ``out`` is within its budget of the golden: the report
-    has every comparison, the symptom line (:func:`harness.symptoms.symptom`) and the diagnoses
+    has every comparison, the symptom (:class:`harness.symptoms.Symptom`) and the diagnoses
     (:mod:`harness.diagnosis`: a neighbouring convention or row pattern of a wrong forward; for a
     wrong backward with a right forward, which gradients match)."""
     results = judge(kernel, problem, out, names)
@@ -358,7 +356,7 @@ def assert_close_to_golden(
         golden = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))[0]
         actual = {r.name: getattr(out, r.name) for r in results}
         expected = {r.name: getattr(golden, r.name) for r in results}
-        details = [*(r.describe() for r in results), symptom(results, actual, expected)]
+        details = [r.describe() for r in results]
 
         def diagnoses() -> list[str]:
             if not any(r.name in ("o", "lse") for r in bad):
@@ -369,7 +367,8 @@ def assert_close_to_golden(
             return diagnose(problem, kernel.capabilities.causal_alignment, out.o, out.lse, limits,
                             (golden.o, golden.lse))
 
-        raise PropertyFailure(failure(kernel, problem, prop, details, judged=names), later=diagnoses)
+        raise PropertyFailure(failure(kernel, problem, prop, details, judged=names,
+                                      symptom=Symptom.of(results, actual, expected)), later=diagnoses)
 
 
 def run_property(
@@ -394,7 +393,7 @@ def run_property(
     if BROKEN:
         message = next(iter(BROKEN.values()))
         pytest.skip(
-            f"the CUDA context is broken since {message.splitlines()[0]} (reported there); "
+            f"the CUDA context is broken since {message.render().splitlines()[0]} (reported there); "
             "run the campaign on xdist workers (-n), which replace a broken worker"
         )
     base = settings(settings.default, **OVERRIDES)
@@ -421,7 +420,7 @@ def run_property(
 
     def examples(problem: Problem) -> None:
         if kernel.name in BROKEN:  # shrinking after a broken context: nothing can run
-            pytest.fail("the CUDA context is broken; the problem that broke it:\n" + BROKEN[kernel.name],
+            pytest.fail(f"the CUDA context is broken; the problem that broke it:\n{BROKEN[kernel.name]}",
                         pytrace=False)
         tally = TALLIES[(kernel.name, prop)]
         stop_if_asked(tally.run)
@@ -466,13 +465,13 @@ def run_property(
         # Hypothesis keys the database by the test function's source, one for every property here
         test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
         test()
-    except PropertyFailure as err:  # the shrunk failure: its report whole (diagnoses), and whether cut
+    except PropertyFailure as err:  # the shrunk failure: its record whole (diagnoses), and whether cut
         note = shrinking.note()
-        report = str(err) if note is None else f"{err}\n{note}"
-        TALLIES[(kernel.name, prop)].last_failure = report
+        found = err.failure if note is None else err.failure.replace(note=note)
+        TALLIES[(kernel.name, prop)].last_failure = found
         if note is None:
             raise
-        raise PropertyFailure(report) from None
+        raise PropertyFailure(found) from None
     except TimeBoxSpent:
         note_time_box(kernel.name, prop)  # a pass: every example it ran passed
     except Unsatisfiable:

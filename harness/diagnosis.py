@@ -50,6 +50,12 @@ Dense = Callable[..., Golden]
 PREFIX = "diagnosis: "
 
 
+def clause(line: str) -> str:
+    """A diagnosis line's first clause (``diagnosis: <clause>: <fix and evidence>``): the
+    convention or pattern it names."""
+    return line.removeprefix(PREFIX).split(": ", 1)[0]
+
+
 @dataclass(frozen=True)
 class Neighbour:
     """A neighbouring convention: when it applies, its golden as a dense function, and the

@@ -17,18 +17,13 @@ import sys
 import textwrap
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 from flashprop.harness import timebox
-from flashprop.harness.causes import Failure, Group, group
+from flashprop.harness.causes import Group, group
+from flashprop.harness.failures import Failure
 
 OUTCOMES = ("passed", "refused", "failed")
-#: The line of a failure report after which comes the command that replays it alone
-#: (written by harness.check.failure, read by ci/replay_failures.py).
-REPLAY_HEADER = "replay this property on this problem alone:"
-#: The line above a failure's repro: a script that runs wherever flashprop imports, from the
-#: folder the run started in (a kernel spec given as a path is relative to it).
-REPRO_HEADER = "repro (a Python script; run it from the folder this run started in):"
 #: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
 #: The widest line of the text table: a note that does not fit beside its row wraps under it (a
@@ -41,7 +36,7 @@ NOTE_ROOM = 24
 @dataclass
 class Tally:
     """One property on one kernel: examples by outcome, their seconds, the examples it was asked
-    for (``max_examples`` times its weight, summed over processes), its last failure report, the
+    for (``max_examples`` times its weight, summed over processes), its last failure, the
     reasons it was skipped (a test skipped before drawing has a tally with only those) and how
     many times a time box stopped it (a pass: the examples it ran before its share was spent)."""
 
@@ -49,7 +44,7 @@ class Tally:
     refused: int = 0
     failed: int = 0
     seconds: float = 0.0
-    last_failure: str | None = None
+    last_failure: Failure | None = None
     skipped: list[str] = field(default_factory=list)
     asked: int = 0
     cut: int = 0
@@ -78,8 +73,8 @@ def autosave(path: str) -> None:
     _autosave["path"] = path
 
 
-def record(kernel: str, prop: str, outcome: str, seconds: float, failure: str | None = None) -> None:
-    """Count one example of ``prop`` on ``kernel`` (``failure``: its report)."""
+def record(kernel: str, prop: str, outcome: str, seconds: float, failure: Failure | None = None) -> None:
+    """Count one example of ``prop`` on ``kernel`` (``failure``: its record)."""
     tally = TALLIES[(kernel, prop)]
     for counted in (tally, _item["tally"]):
         setattr(counted, outcome, getattr(counted, outcome) + 1)
@@ -279,7 +274,7 @@ def summary_lines(all_skips: bool = False) -> list[str]:
 
 def failure_groups() -> list[Group]:
     """The failures in the tallies, grouped by cause (:func:`harness.causes.group`)."""
-    return group(Failure(k, p, t.last_failure) for (k, p), t in sorted(TALLIES.items()) if t.last_failure)
+    return group(t.last_failure for _, t in sorted(TALLIES.items()) if t.last_failure)
 
 
 def _heading(number: int, g: Group) -> str:
@@ -307,7 +302,7 @@ def failure_lines() -> list[str]:
         lines.append(_heading(number, g))
         if len(g.properties) > 1:
             lines += ["    " + line for line in _members(g)]
-        lines += ["    " + line for line in g.smallest.report.splitlines()]
+        lines += ["    " + line for line in g.smallest.render().splitlines()]
         lines.append("")
     return lines
 
@@ -336,13 +331,21 @@ def markdown_lines() -> list[str]:
         lines += [f"<details><summary>{html.escape(_heading(number, g))}</summary>", ""]
         if len(g.properties) > 1:
             lines += ["; ".join(_members(g)), ""]
-        lines += ["```", *g.smallest.report.splitlines(), "```", "", "</details>", ""]
+        lines += ["```", *g.smallest.render().splitlines(), "```", "", "</details>", ""]
     return [*lines, ""]
 
 
 def rows() -> list[dict]:
-    """The tallies as JSON-able rows (what :func:`dump` writes and :func:`merge_rows` reads)."""
-    return [{"kernel": k, "property": p, **asdict(t)} for (k, p), t in sorted(TALLIES.items())]
+    """The tallies as JSON-able rows (what :func:`dump` writes and :func:`merge_rows` reads): the
+    last failure as its record (``failure``) and its report (``last_failure``, for scripts)."""
+    out = []
+    for (k, p), t in sorted(TALLIES.items()):
+        found = t.last_failure
+        row = {f.name: getattr(t, f.name) for f in fields(t) if f.name != "last_failure"}
+        out.append({"kernel": k, "property": p, **row,
+                    "last_failure": None if found is None else found.render(),
+                    "failure": None if found is None else found.to_dict()})
+    return out
 
 
 def dump(path: str) -> None:
@@ -361,7 +364,11 @@ def merge_rows(found: list[dict]) -> None:
         for outcome in OUTCOMES:
             setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
         tally.seconds += row["seconds"]
-        tally.last_failure = row["last_failure"] or tally.last_failure
+        if row.get("failure"):
+            tally.last_failure = Failure.from_dict(row["failure"])
+        elif row.get("last_failure"):  # a row of a flashprop before records: its report as it was
+            tally.last_failure = Failure(row["kernel"], row["property"], "(reported by an older flashprop)",
+                                         (row["last_failure"],))
         tally.skipped += row.get("skipped", [])
         tally.asked += row.get("asked", 0)
         tally.cut += row.get("cut", 0)

@@ -1,39 +1,35 @@
 """The symptom of a failed comparison with the golden: which quantities are off, and how.
 
-:func:`harness.check.assert_close_to_golden` writes one line under the comparisons,
+A :class:`Symptom` is made where the comparison is (:func:`harness.check.assert_close_to_golden`,
+and the properties that compare with the golden themselves: long-golden, the spread and huge
+layouts, precision), kept in the failure's record (:mod:`harness.failures`) and printed as
 
     off the golden: o (both ways), lse (above it); within budget: dq, dk, dv
 
 naming each tensor off its budget with the kind of its error: ``NaN`` (NaN where the golden is
 finite), ``inf`` (an inf pattern that differs), ``missing`` (no gradient), ``dtype``, ``shape``,
 or the direction of the elements off the budget: ``above it`` (kernel > golden at all of them),
-``below it``, ``both ways``.
+``below it``, ``both ways``; ``off`` where only the largest error is known (a comparison without
+its tensors: :meth:`Symptom.of` given none).
 
-A report of a property that compares with the golden itself (long-golden, the spread and huge
-layouts, precision) has its comparisons and no such line: :func:`from_comparisons` reads the line
-from them, a tensor off when its comparison has a reason (NaN, inf, missing, dtype, shape) or an
-error over its budget (:meth:`Comparison.describe`: ``o: max|err| = 1.9e-01 ...; budget
-1.9e-05 = ...``; precision's ``o: mean|err| = 7.8e-02 > ...``, written only when over), with
-the kind ``off`` for a finite error: a comparison gives the largest error, not the direction of
-every error off the budget.
-
-The line is also the cause key of an undiagnosed mismatch (:mod:`harness.causes`), :func:`key`:
-when the forward is off, its first tensor off (o, else lse) and that error's kind (the gradients
-of a wrong forward are wrong with it, and the backward properties judge o without lse); when
-only gradients are off, the set of them with their kinds. A direction is part of the key for lse
-only: a bug that adds to or drops a term of lse moves it one way on every problem, while o and
-the gradients are off both ways or one way by the chance of the signs of the values. A key
-without lse's direction (read from comparisons) is :func:`undirected` of one with it.
+The symptom is also the cause key of an undiagnosed mismatch (:mod:`harness.causes`),
+:meth:`Symptom.key`: when the forward is off, its first tensor off (o, else lse) and that
+error's kind (the gradients of a wrong forward are wrong with it, and the backward properties
+judge o without lse); when only gradients are off, the set of them with their kinds. A direction
+is part of the key for lse only: a bug that adds to or drops a term of lse moves it one way on
+every problem, while o and the gradients are off both ways or one way by the chance of the signs
+of the values. A key without lse's direction is :func:`undirected` of one with it.
 
 A property that compares two runs of the kernel (:func:`harness.agreement.disagreement`: a
-metamorphic relation) names the tensor and the kind of disagreement in its first line of one,
-``o: NaN in 24 elements, ...``; :func:`relation_key` reads it (``relation o (NaN)``).
+metamorphic relation) makes a :class:`Relation` of its first disagreement: the tensor and the
+kind (``NaN``, ``inf``, ``off``, ``shape``), key ``relation o (NaN)``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
 from flashprop.harness.tolerance import Comparison
@@ -45,14 +41,6 @@ FORWARD = ("o", "lse")
 #: tensor's name, as :func:`contract.outputs.mismatch` writes it: ``o dtype ...``) -> kind.
 _REASONS = {"NaN": "NaN", "inf": "inf", "no gradient": "missing", "dtype": "dtype", "shape": "shape"}
 _DIRECTIONS = ("above it", "below it", "both ways")
-_NAMES = "o|lse|dq|dk|dv|dsinks"
-#: A line of :meth:`Comparison.describe`: the tensor, the reason (if any), the error, the budget.
-_COMPARISON = re.compile(rf"^({_NAMES}): (?:(.+?); )?max\|err\| = ([^\s;]+)[^;]*; budget ([^\s;]+) ")
-#: A line of the precision property (properties/test_precision.py): a mean error over its bound.
-_MEAN = re.compile(r"^(o|lse): mean\|err\| = (\S+) > ")
-#: A line of :func:`harness.agreement.disagreement`: the tensor, then what differs.
-_DISAGREEMENT = re.compile(rf"^({_NAMES}): (NaN in|inf pattern differs|max\|a - b\||shapes)")
-_DISAGREEMENT_KINDS = {"NaN in": "NaN", "inf pattern differs": "inf", "max|a - b|": "off", "shapes": "shape"}
 
 
 def kind(r: Comparison, actual: torch.Tensor | None, golden: torch.Tensor | None) -> str:
@@ -78,64 +66,56 @@ def _reason_kind(name: str, reason: str) -> str:
     return next((found for start, found in _REASONS.items() if bare.startswith(start)), "off")
 
 
-def _line(off: Mapping[str, str], within: Sequence[str]) -> str:
-    """The symptom line of the tensors ``off`` (name -> kind) and those ``within`` budget."""
-    return (PREFIX + ", ".join(f"{name} ({found})" for name, found in off.items())
-            + (_WITHIN + ", ".join(within) if within else ""))
+def error_kind(error: float) -> str:
+    """The kind of a finite-or-not error measured without its tensors (a mean error)."""
+    return "NaN" if error != error else "inf" if error == float("inf") else "off"
 
 
-def symptom(results: Sequence[Comparison], actual: Mapping[str, torch.Tensor | None],
-            golden: Mapping[str, torch.Tensor | None]) -> str:
-    """The symptom line of ``results`` (at least one failed), from the judged tensors."""
-    off = {r.name: kind(r, actual.get(r.name), golden.get(r.name)) for r in results if not r.ok}
-    return _line(off, [r.name for r in results if r.ok])
+@dataclass(frozen=True)
+class Symptom:
+    """The tensors off the golden (``off``: name and kind, in the order judged) and those within
+    budget (``within``)."""
 
+    off: tuple[tuple[str, str], ...]
+    within: tuple[str, ...] = ()
 
-def _read(line: str) -> tuple[str, str | None] | None:
-    """``(tensor, kind)`` of a comparison line (kind ``None``: within budget), or ``None``: not one."""
-    if found := _MEAN.match(line):
-        error = float(found[2])
-        return found[1], "NaN" if error != error else "inf" if error == float("inf") else "off"
-    if (found := _COMPARISON.match(line)) is None:
-        return None
-    name, reason, error, limit = found.groups()
-    if reason:
-        return name, _reason_kind(name, reason)
-    return name, "off" if float(error) > float(limit) else None
+    @classmethod
+    def of(cls, results: Sequence[Comparison], actual: Mapping[str, torch.Tensor | None] | None = None,
+           golden: Mapping[str, torch.Tensor | None] | None = None) -> Symptom | None:
+        """The symptom of ``results`` (``None`` when none failed); the kinds of finite errors from
+        the judged tensors ``actual`` and ``golden`` when given, else ``off``. A tensor compared
+        twice is off when either comparison is."""
+        actual, golden = actual or {}, golden or {}
+        off: dict[str, str] = {}
+        for r in results:
+            if not r.ok:
+                off.setdefault(r.name, kind(r, actual.get(r.name), golden.get(r.name)))
+        within = tuple(dict.fromkeys(r.name for r in results if r.ok and r.name not in off))
+        return cls(tuple(off.items()), within) if off else None
 
+    def line(self) -> str:
+        """The line the reports print (see the module docstring)."""
+        return (PREFIX + ", ".join(f"{name} ({found})" for name, found in self.off)
+                + (_WITHIN + ", ".join(self.within) if self.within else ""))
 
-def from_comparisons(lines: Sequence[str]) -> str | None:
-    """The symptom line read from a report's comparison lines (see the module docstring), or
-    ``None`` when none is over its budget. A tensor compared twice is off when either is; an
-    error equal to its budget as printed (four digits) counts as within it, as the budget does."""
-    off: dict[str, str] = {}
-    within: list[str] = []
-    for line in lines:
-        if (read := _read(line)) is None:
-            continue
-        name, found = read
-        if found is not None:
-            off.setdefault(name, found)
-        elif name not in within:
-            within.append(name)
-    return _line(off, [name for name in within if name not in off]) if off else None
+    def key(self) -> str:
+        """The cause key: ``forward o (NaN)``, ``forward lse (below it)``, ``backward dk (off),
+        dv (NaN)``."""
+        off = dict(self.off)
+        for name in FORWARD:
+            if name in off:
+                found = off[name]
+                return f"forward {name} ({'off' if name == 'o' and found in _DIRECTIONS else found})"
+        grads = (f"{name} ({'off' if found in _DIRECTIONS else found})"
+                 for name, found in sorted(off.items()))
+        return "backward " + ", ".join(grads)
 
+    def to_dict(self) -> dict:
+        return {"off": [list(pair) for pair in self.off], "within": list(self.within)}
 
-def key(line: str) -> str | None:
-    """The cause key of a symptom line (``None``: not one): ``forward o (NaN)``, ``forward lse
-    (below it)``, ``backward dk (off), dv (NaN)``."""
-    if not line.startswith(PREFIX):
-        return None
-    off: dict[str, str] = {}
-    for part in line.removeprefix(PREFIX).split(_WITHIN)[0].split(", "):
-        name, _, rest = part.partition(" (")
-        off[name] = rest.removesuffix(")")
-    for name in FORWARD:
-        if name in off:
-            found = off[name]
-            return f"forward {name} ({'off' if name == 'o' and found in _DIRECTIONS else found})"
-    grads = (f"{name} ({'off' if found in _DIRECTIONS else found})" for name, found in sorted(off.items()))
-    return "backward " + ", ".join(grads)
+    @classmethod
+    def from_dict(cls, d: dict) -> Symptom:
+        return cls(tuple((name, found) for name, found in d["off"]), tuple(d["within"]))
 
 
 def undirected(key: str) -> str:
@@ -143,7 +123,21 @@ def undirected(key: str) -> str:
     return re.sub(r"\((?:" + "|".join(_DIRECTIONS) + r")\)", "(off)", key)
 
 
-def relation_key(line: str) -> str | None:
-    """The key of a disagreement line of two runs (``None``: not one): ``relation o (NaN)``."""
-    found = _DISAGREEMENT.match(line)
-    return None if found is None else f"relation {found[1]} ({_DISAGREEMENT_KINDS[found[2]]})"
+@dataclass(frozen=True)
+class Relation:
+    """The first disagreement of two runs of the kernel: the tensor, the kind (``NaN``, ``inf``,
+    ``off``, ``shape``) and the line that says it."""
+
+    tensor: str
+    kind: str
+    line: str
+
+    def key(self) -> str:
+        return f"relation {self.tensor} ({self.kind})"
+
+    def to_dict(self) -> dict:
+        return {"tensor": self.tensor, "kind": self.kind, "line": self.line}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Relation:
+        return cls(d["tensor"], d["kind"], d["line"])

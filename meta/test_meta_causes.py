@@ -12,16 +12,18 @@ from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness import report
-from flashprop.harness.causes import Failure, cause_line, group
+from flashprop.harness.causes import cause_line, group
 from flashprop.harness.check import (
     PropertyFailure,
     assert_close_to_golden,
     failure,
     gradient_names,
+    judge,
+    reference_for,
     run_kernel,
 )
-from flashprop.harness.report import REPRO_HEADER
-from flashprop.harness.symptoms import PREFIX, from_comparisons, key, undirected
+from flashprop.harness.failures import Failure
+from flashprop.harness.symptoms import Relation, Symptom, undirected
 from flashprop.properties import test_long_golden, test_precision
 from flashprop.refimpl import attention_golden, attention_yardstick
 
@@ -39,11 +41,11 @@ def _kernel(name: str, fn, **caps) -> Kernel:
 
 
 def _report(kernel: Kernel, prop: str, problem: Problem, names: tuple[str, ...]) -> Failure:
-    """The failure report of the golden comparison of ``names`` on ``problem``."""
+    """The failure of the golden comparison of ``names`` on ``problem``."""
     out = run_kernel(kernel, problem, prop, backward=any(n.startswith("d") for n in names))
     with pytest.raises(PropertyFailure) as raised:
         assert_close_to_golden(kernel, problem, prop, out, names)
-    return Failure(kernel.name, prop, str(raised.value))
+    return raised.value.failure
 
 
 def _o_off_when_causal_else_lse(q, k, v, *, causal=False, scale=None, **variants):
@@ -94,27 +96,27 @@ def test_one_wrong_gradient_is_one_entry_with_and_without_sinks():
 def test_a_report_without_a_cause_joins_the_mismatch_of_its_problem():
     """A property's own check (no comparison with the golden) on the shrunk problem of a golden
     mismatch joins it; two such checks on another problem are one entry; an error's group takes
-    no one; the repro's lines are not details (a line there naming an error is not a cause)."""
+    no one; a repro's lines name no cause (only the record's fields do)."""
     kernel = _kernel("meta-off", _o_off_when_causal_else_lse)
     causal = FORWARD.replace(causal=True)
     mismatch = _report(kernel, "forward", causal, ("o", "lse"))
 
-    def own(prop: str, p: Problem, detail: str) -> Failure:
-        return Failure(kernel.name, prop, failure(kernel, p, prop, [detail]))
+    def own(prop: str, p: Problem, detail: str, error: str | None = None) -> Failure:
+        return failure(kernel, p, prop, [detail] if detail else [], error=error)
 
     relation = "kernel(2q, scale=s) != kernel(q, scale=2s)"
     folded = [own(prop, p, relation)
               for prop, p in (("scale-folding", causal), ("shift-invariance", ODD), ("kv-permutation", ODD))]
     error = "the kernel raised RuntimeError: no kernel for D = 8"
-    raised, loner = own("gqa", SINKS, error), own("empty-rows", SINKS, "o != 0 on the empty rows")
+    raised, loner = own("gqa", SINKS, "", error), own("empty-rows", SINKS, "o != 0 on the empty rows")
     groups = {g.properties: g for g in group([mismatch, *folded, raised, loner])}
     assert set(groups) == {("forward", "scale-folding"), ("kv-permutation", "shift-invariance"), ("gqa",),
                            ("empty-rows",)}
     assert groups[("forward", "scale-folding")].smallest is mismatch
     assert groups[("kv-permutation", "shift-invariance")].headline == "one shrunk problem, no cause named"
     assert groups[("empty-rows",)].cause is None and groups[("gqa",)].headline == error
-    spoofed = loner.report.replace(REPRO_HEADER, f"{REPRO_HEADER}\n    {error}")
-    assert cause_line(spoofed) is None and cause_line(raised.report) == error
+    spoofed = loner.replace(repro=f"{loner.repro}\n{error}")
+    assert cause_line(spoofed) is None and cause_line(raised) == error
 
 
 def test_the_symptom_names_nan_and_the_direction_of_lse():
@@ -134,13 +136,15 @@ def test_metamorphic_disagreements_of_one_kind_are_one_cause():
     cause; a relation off in lse is another."""
     kernel = _kernel("meta-relations", _dv_flipped)
 
-    def relation(prop: str, p: Problem, line: str) -> Failure:
-        return Failure(kernel.name, prop, failure(kernel, p, prop, ["the relation's two runs", line]))
+    def relation(prop: str, p: Problem, tensor: str, kind: str, line: str) -> Failure:
+        found = Relation(tensor, kind, line)
+        return failure(kernel, p, prop, ["the relation's two runs", line], relation=found)
 
     groups = group([
-        relation("shift-invariance", ODD, "o: NaN in 8 elements, first at (0, 0, 1, 0)"),
-        relation("scale-folding", FORWARD, "o: NaN in 1 elements, first at (0, 0, 0, 0)"),
-        relation("split-kv-merge", SINKS, "lse: max|a - b| = 1.2e-01 at (0, 0, 0) (1 vs 2) > budget 4e-03"),
+        relation("shift-invariance", ODD, "o", "NaN", "o: NaN in 8 elements, first at (0, 0, 1, 0)"),
+        relation("scale-folding", FORWARD, "o", "NaN", "o: NaN in 1 elements, first at (0, 0, 0, 0)"),
+        relation("split-kv-merge", SINKS, "lse", "off",
+                 "lse: max|a - b| = 1.2e-01 at (0, 0, 0) (1 vs 2) > budget 4e-03"),
     ])
     assert [(g.properties, g.cause) for g in groups] == [
         (("scale-folding", "shift-invariance"), "relation o (NaN)"),
@@ -159,7 +163,7 @@ def test_an_output_off_the_contract_is_one_cause():
     for prop, p in (("forward", FORWARD), ("backward", BACKWARD), ("window-forward", windowed)):
         with pytest.raises(PropertyFailure) as raised:
             run_kernel(kernel, p.replace(dtype=torch.float16), prop, backward=prop == "backward")
-        failures.append(Failure(kernel.name, prop, str(raised.value)))
+        failures.append(raised.value.failure)
     (only,) = group(failures)
     assert only.properties == ("backward", "forward", "window-forward")
     assert only.headline.startswith("lse dtype torch.float16 != torch.float32"), only.headline
@@ -189,47 +193,51 @@ def _lse_off(q, k, v, *, causal=False, scale=None, **variants):
 
 
 def _long_golden(kernel: Kernel, problem: Problem, prop: str = test_long_golden.PROP) -> Failure:
-    """The long-golden property's report on ``problem``: its comparisons, no symptom line (under
-    another ``prop``: a spread property's, which writes the same lines, :meth:`Comparison.describe`)."""
-    ok, details = test_long_golden.judge_example(kernel, problem, test_long_golden.LONG["cpu"]["scores"])
-    assert not ok, details
-    report = failure(kernel, problem, prop, details, backward=True)
-    assert PREFIX not in report and "diagnosis:" not in report, report
-    return Failure(kernel.name, prop, report)
+    """The long-golden property's failure on ``problem``: its comparisons and their symptom, made
+    without the tensors, no diagnosis (under another ``prop``: a spread property's, which judges
+    the same way)."""
+    found = test_long_golden.judge_example(kernel, problem, test_long_golden.LONG["cpu"]["scores"])
+    assert found is not None
+    f = found.failure.replace(prop=prop)
+    assert f.symptom is not None and not f.diagnoses, f
+    return f
 
 
 def _precision(kernel: Kernel, problem: Problem) -> Failure:
-    """The precision property's report on ``problem`` (mean errors over their bounds)."""
+    """The precision property's failure on ``problem`` (mean errors over their bounds)."""
     with pytest.raises(PropertyFailure) as raised:
         test_precision._checker("precision")(kernel, problem)
-    return Failure(kernel.name, "precision", str(raised.value))
+    return raised.value.failure
 
 
-def test_the_comparisons_give_the_key_of_the_symptom_line():
-    """Read from a golden comparison's lines, the symptom has the key of the symptom line written
-    beside them (lse's direction read as off): NaN in o, o off, lse off (above it), dV off."""
+def test_a_symptom_made_without_the_tensors_has_the_key_made_with_them():
+    """Made from the comparisons alone (long-golden, the spread layouts), a symptom has the key
+    of the one made with the judged tensors (lse's direction read as off): NaN in o, o off, lse
+    off (above it), dV off; comparisons within budget make none."""
     def nan_row(q, k, v, *, causal=False, scale=None):
         o, lse = attention_golden(q, k, v, causal=causal, scale=scale)
         o[..., 0, :] = float("nan")
         return o.to(q.dtype), lse.float()
 
-    reports = [_report(_kernel(f"meta-{fn.__name__}", fn), prop, p, names) for fn, prop, p, names in (
+    found = []
+    for fn, prop, p, names in (
         (nan_row, "forward", FORWARD, ("o", "lse")),
         (_inverse_d, "backward", BACKWARD, ("o", *gradient_names(BACKWARD))),
         (_lse_off, "forward", FORWARD, ("o", "lse")),
         (_dv_flipped, "sinks-backward", SINKS, ("o", *gradient_names(SINKS))),
-    )]
-    found = []
-    for f in reports:
-        lines = [line.strip() for line in f.report.splitlines()]
-        line = next(line for line in lines if line.startswith(PREFIX))
-        read = from_comparisons([other for other in lines if other != line])
-        assert read is not None and key(read) == undirected(key(line)), (read, line)
-        found.append(key(read))
+    ):
+        kernel = _kernel(f"meta-{fn.__name__}", fn)
+        backward = len(names) > 2
+        out = run_kernel(kernel, p, prop, backward=backward)
+        results = judge(kernel, p, out, names)
+        golden = reference_for(kernel, p, backward=backward)[0]
+        made = Symptom.of(results, {n: getattr(out, n) for n in names},
+                          {n: getattr(golden, n) for n in names})
+        alone = Symptom.of(results)
+        assert alone is not None and alone.key() == undirected(made.key()), (alone, made)
+        found.append(alone.key())
+        assert Symptom.of([r for r in results if r.ok]) is None  # within budget: no symptom
     assert found == ["forward o (NaN)", "forward o (off)", "forward lse (off)", "backward dv (off)"]
-    assert from_comparisons(["o: max|err| = 1.000e-03 at (0, 0, 0, 0) (kernel 1, golden 1.001); budget "
-                             "2.000e-03 = r 2 x yardstick error 1.000e-03 + floor 0.000e+00; "
-                             "err / yardstick error = 1"]) is None  # within its budget: no symptom
 
 
 def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it(monkeypatch: pytest.MonkeyPatch):
@@ -240,7 +248,7 @@ def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it(monkeypatc
     kernel = _kernel("meta-inverse-d", _inverse_d)
     diagnosed = [_report(kernel, "forward", FORWARD, ("o", "lse")),
                  _report(kernel, "single-token", Problem(nq=1, nk=1, d=8, dv=8), ("o", "lse"))]
-    assert all("diagnosis: matches the golden with scale 1/D" in f.report for f in diagnosed), diagnosed
+    assert all("diagnosis: matches the golden with scale 1/D" in str(f) for f in diagnosed), diagnosed
     undiagnosed = [_long_golden(kernel, Problem(hq=2, nq=9, nk=17, d=16, dv=16, causal=True)),
                    _long_golden(kernel, Problem(b=2, nq=1, nk=1, d=8, dv=8), "spread-batch"),
                    _precision(kernel, Problem(nq=3, nk=64, d=8, dv=8, dtype=torch.float16))]
@@ -253,7 +261,7 @@ def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it(monkeypatc
     tallies = type(report.TALLIES)(report.Tally)  # the session's are left alone
     monkeypatch.setattr(report, "TALLIES", tallies)
     for f in [*diagnosed, *undiagnosed]:
-        tallies[f.kernel, f.prop] = report.Tally(failed=1, last_failure=f.report)
+        tallies[f.kernel, f.prop] = report.Tally(failed=1, last_failure=f)
     heading, *lines = report.failure_lines()
     assert heading.startswith(f"[1] {kernel.name}: 5 properties fail with one cause (3 of them by its "
                               "symptom, not diagnosed): matches the golden with scale 1/D"), heading

@@ -18,6 +18,7 @@ import torch
 from flashprop.contract.registry import load_kernel
 from flashprop.harness import timebox
 from flashprop.harness.check import PropertyFailure, run_property
+from flashprop.harness.failures import Failure
 from flashprop.harness.report import forget
 from flashprop.harness.strategies import Sizes, problems
 
@@ -95,7 +96,7 @@ def test_fuzz_of_a_kernel_whose_module_fails_to_import_is_a_row_not_an_error(tmp
 def _fails_from_nine_keys(kernel, problem) -> None:
     time.sleep(0.02)
     if problem.nk > 8 and problem.hq > 1:
-        raise PropertyFailure(f"property 'meta-shrink' failed\nproblem: {problem.describe()}")
+        raise PropertyFailure(Failure(kernel.name, "meta-shrink", problem.describe()))
 
 
 @pytest.mark.parametrize("limit", [0.3, 60.0], ids=["cut-short", "shrunk"])

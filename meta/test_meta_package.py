@@ -22,7 +22,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER
+from flashprop.harness.failures import REPLAY_HEADER, REPRO_HEADER
 
 from flashprop.cli import main
 

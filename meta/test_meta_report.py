@@ -23,9 +23,10 @@ from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness import timebox
-from flashprop.harness.causes import Failure, group, normalize
+from flashprop.harness.causes import group, normalize
 from flashprop.harness.check import PropertyFailure, failure, run_property
-from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, Tally
+from flashprop.harness.failures import REPLAY_HEADER, REPRO_HEADER, Failure
+from flashprop.harness.report import Tally
 from hypothesis import strategies as st
 
 from flashprop.cli import TRACEBACKS, tracebacks_file
@@ -39,9 +40,15 @@ SMALL = Problem(b=1, hq=1, hkv=1, nq=3, nk=5, d=72, dv=72)
 NO_KERNEL = "the kernel raised RuntimeError: no kernel for head dim {} (smem 0x{:x})"
 
 
-def _report(prop: str, problem: Problem, *details: str) -> str:
-    """A failure report as the properties write it."""
-    return failure(KERNEL, problem, prop, list(details))
+def _report(prop: str, problem: Problem, *lines: str, kernel: str = "k") -> Failure:
+    """A failure as the properties make it: a line naming an error is its error, a diagnosis
+    line a diagnosis, the others its details."""
+    errors = ("the kernel raised", "the kernel refused")
+    error = next((line for line in lines if line.startswith(errors)), None)
+    diagnoses = tuple(line for line in lines if line.startswith("diagnosis: "))
+    details = [line for line in lines if line != error and line not in diagnoses]
+    made = failure(Kernel(kernel, KERNEL.fn, KERNEL.capabilities), problem, prop, details, error=error)
+    return made.replace(diagnoses=diagnoses)
 
 
 def test_one_error_everywhere_is_one_cause_shown_on_its_smallest_problem():
@@ -49,13 +56,12 @@ def test_one_error_everywhere_is_one_cause_shown_on_its_smallest_problem():
     of the least work, then the fewest variants; other errors, kernels and plain mismatches stand
     alone."""
     failures = [
-        Failure("k", "forward", _report("forward", BIG, NO_KERNEL.format(72, 0xBEEF))),
-        Failure("k", "backward", _report("backward", SMALL, NO_KERNEL.format(72, 0xF00D))),
-        Failure("k", "window-forward", _report("window-forward", SMALL.replace(window=(2, 0)),
-                                               NO_KERNEL.format(40, 1))),
-        Failure("k", "gqa", _report("gqa", SMALL, "the kernel raised ValueError: no")),
-        Failure("k", "empty-rows", _report("empty-rows", SMALL, "o != 0 on the empty rows 0..0")),
-        Failure("other", "forward", _report("forward", SMALL, NO_KERNEL.format(72, 0xBEEF))),
+        _report("forward", BIG, NO_KERNEL.format(72, 0xBEEF)),
+        _report("backward", SMALL, NO_KERNEL.format(72, 0xF00D)),
+        _report("window-forward", SMALL.replace(window=(2, 0)), NO_KERNEL.format(40, 1)),
+        _report("gqa", SMALL, "the kernel raised ValueError: no"),
+        _report("empty-rows", SMALL, "o != 0 on the empty rows 0..0"),
+        _report("forward", SMALL, NO_KERNEL.format(72, 0xBEEF), kernel="other"),
     ]
     first, *rest = group(failures)
     assert (first.kernel, first.properties) == ("k", ("backward", "forward", "window-forward"))
@@ -71,10 +77,10 @@ def test_a_diagnosis_is_a_cause():
     scale = "diagnosis: matches the golden with scale 1: the default scale is 1/sqrt(D) = {}"
     refused = "the kernel refused a declared problem: ValueError: head dim {} not supported"
     groups = group([
-        Failure("k", "forward", _report("forward", BIG, "o: max|err| = 1", scale.format(0.125))),
-        Failure("k", "backward", _report("backward", SMALL, "dq: max|err| = 2", scale.format(0.353553))),
-        Failure("k", "odd-dims", _report("odd-dims", SMALL, refused.format(7))),
-        Failure("k", "single", _report("single", BIG, refused.format(64))),
+        _report("forward", BIG, "o: max|err| = 1", scale.format(0.125)),
+        _report("backward", SMALL, "dq: max|err| = 2", scale.format(0.353553)),
+        _report("odd-dims", SMALL, refused.format(7)),
+        _report("single", BIG, refused.format(64)),
     ])
     assert sorted(g.properties for g in groups) == [("backward", "forward"), ("odd-dims", "single")]
     assert normalize(refused.format(7)) == normalize(refused.format(64)) != normalize(scale.format(1))
@@ -200,7 +206,8 @@ def _a_first_fuzz(tallies) -> dict[str, str]:
     for prop in ("forward", "backward"):
         tallies[USER, prop].failed = 12
         tallies[USER, prop].last_failure = _report(prop, SMALL, "o: max|err| = 0.5 > budget 0.01",
-                                                   "diagnosis: matches the golden with scale 1/D")
+                                                   "diagnosis: matches the golden with scale 1/D",
+                                                   kernel=USER)
     skips = {name: f"kernel {USER} does not declare variant {variant!r}"
              for variant, names in NEEDS_VARIANT.items() for name in names}
     skips.update(OTHER_SKIPS)
@@ -259,7 +266,7 @@ def test_tallies_of_older_runs_merge_and_skips_add_up(tallies, tmp_path: Path, c
     old = {"kernel": "k", "property": "forward", "passed": 2, "refused": 0, "failed": 0, "seconds": 1.0,
            "last_failure": None, "skipped": []}
     new = {**old, "failed": 1, "asked": 3, "skipped": ["time box"],
-           "last_failure": _report("forward", SMALL, NO_KERNEL.format(1, 1))}
+           "failure": _report("forward", SMALL, NO_KERNEL.format(1, 1)).to_dict()}
     (tmp_path / "old.json").write_text(json.dumps([old]))
     (tmp_path / "new.json").write_text(json.dumps([new, {**new, "asked": 5}]))
     assert report.main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
@@ -343,7 +350,7 @@ def test_a_failing_property_is_not_stopped_by_the_time_box(boxed, monkeypatch: p
     def fails_on_odd_seeds(kernel: Kernel, problem: Problem) -> None:
         time.sleep(0.3 if problem.seed == 1 else 0.05)  # seed 1 spends the share
         if problem.seed % 2:
-            raise PropertyFailure(f"property 'meta-boxed' failed\nproblem: {problem.describe()}")
+            raise PropertyFailure(Failure(BOXED.name, "meta-boxed", problem.describe()))
 
     with pytest.raises(PropertyFailure):
         run_property(BOXED, "meta-explicit", SEEDS, fails_on_odd_seeds,
@@ -360,7 +367,7 @@ def test_a_failing_property_is_not_stopped_by_the_time_box(boxed, monkeypatch: p
                 return
             time.sleep(0.05)
             if prop == "meta-shrinks":
-                raise PropertyFailure(f"property {prop!r} failed\nproblem: {problem.describe()}")
+                raise PropertyFailure(Failure(BOXED.name, prop, problem.describe()))
             raise ZeroDivisionError("a bug in the check, not the kernel's failure")
 
         with pytest.raises(PropertyFailure if prop == "meta-shrinks" else ZeroDivisionError):

@@ -34,7 +34,8 @@ from flashprop.harness.check import (
     run_kernel,
     run_property,
 )
-from flashprop.harness.report import REPLAY_HEADER, REPRO_HEADER, forget
+from flashprop.harness.failures import REPLAY_HEADER, REPRO_HEADER
+from flashprop.harness.report import forget
 from flashprop.harness.scale_problems import SPREAD_LAYOUTS, host_reserve_limit, spread_span_bytes
 from flashprop.properties import test_huge
 from hypothesis import Phase

@@ -25,8 +25,12 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from flashprop.harness.failures import Failure
 
 OUT_ENV = "FLASHPROP_PROBE_OUT"
 SHRINK_ENV = "FLASHPROP_SHRINK_SECONDS"
@@ -61,14 +65,15 @@ class Probe:
         return self.kernels.setdefault(spec, KernelProbe())
 
     def wrap(self, record: Callable[..., None]) -> Callable[..., None]:
-        def probed(kernel: str, prop: str, outcome: str, seconds: float, failure: str | None = None) -> None:
+        def probed(kernel: str, prop: str, outcome: str, seconds: float,
+                   failure: Failure | None = None) -> None:
             if self.current is not None:
                 probe = self.of(self.current)
                 probe.examples_total += 1
                 if outcome == "failed":
                     if probe.property is None:
                         probe.property, probe.examples = prop, probe.examples_total
-                    probe.failure = failure
+                    probe.failure = None if failure is None else failure.render()
             record(kernel, prop, outcome, seconds, failure)
 
         return probed

@@ -143,11 +143,11 @@ def _double_backward_unsupported(kernel: Kernel, p: Problem) -> str | None:
             return str(err).splitlines()[0]
     except Exception as err:
         text = (str(err).strip().splitlines() or [""])[0]
-        details = [f"the kernel raised {type(err).__name__}: {text}",
-                   f"(probing double backward, in {stage})"]
+        details = [f"(probing double backward, in {stage})"]
         if stage != "the forward":
             details.append(once_differentiable_hint("its backward fails when autograd differentiates it"))
-        message = failure(kernel, p, "gradgradcheck", details, backward=True)
+        message = failure(kernel, p, "gradgradcheck", details, backward=True,
+                          error=f"the kernel raised {type(err).__name__}: {text}")
         record(kernel.name, "gradgradcheck", "failed", time.perf_counter() - start, message)
         raise PropertyFailure(message) from err
     if all(g is None for g in second):  # e.g. once_differentiable: a graph that leads nowhere

@@ -57,6 +57,7 @@ from flashprop.harness.scale_problems import (
     spread_span_bytes,
     units,
 )
+from flashprop.harness.symptoms import Relation, Symptom
 from flashprop.harness.tolerance import budget
 from hypothesis import reject
 from hypothesis import strategies as st
@@ -84,24 +85,28 @@ class Verdict:
     refused: bool = False
     details: list[str] | None = None
     judged: tuple[str, ...] = ()
+    error: str | None = None
+    symptom: Symptom | None = None
+    relation: Relation | None = None
+
+    @classmethod
+    def of(cls, err: PropertyFailure, where: str, judged: tuple[str, ...] = ()) -> Verdict:
+        """The verdict of a run that failed (``err``, of :func:`harness.check.run_kernel`):
+        its record's fields, ``where`` the first detail."""
+        f = err.failure
+        return cls(details=[where, *f.details], judged=judged, error=f.error, symptom=f.symptom,
+                   relation=f.relation)
 
     def outcome(self, kernel: Kernel, p: Problem, prop: str, inputs: str) -> str | None:
         """What a property check returns: ``"refused"``, ``None`` for a pass; a difference raises
         :class:`PropertyFailure` with the repro that rebuilds the tensors by ``inputs``."""
         if self.refused:
             return "refused"
-        if self.details:
-            raise PropertyFailure(scale_failure(kernel, p, prop, self.details, inputs, self.judged))
+        if self.details or self.error:
+            raise PropertyFailure(failure(kernel, p, prop, self.details or [], judged=self.judged,
+                                          inputs=("flashprop.harness.scale_problems", inputs),
+                                          error=self.error, symptom=self.symptom, relation=self.relation))
         return None
-
-
-def scale_failure(kernel: Kernel, p: Problem, prop: str, details: list[str], inputs: str,
-                  judged: tuple[str, ...]) -> str:
-    """A failure report for a huge or spread problem: :func:`harness.check.failure`'s, whose
-    repro rebuilds the tensors by ``inputs`` (a call of ``harness.scale_problems``) and judges
-    ``judged`` against the golden."""
-    return failure(kernel, p, prop, details, judged=judged,
-                   inputs=("flashprop.harness.scale_problems", inputs))
 
 
 def bitwise_difference(name: str, a: torch.Tensor, b: torch.Tensor) -> str | None:
@@ -133,8 +138,9 @@ def unit_limits(kernel: Kernel, unit: Problem, backward: bool) -> dict[str, floa
 
 
 def compare_unit(kernel: Kernel, full: Outputs, unit: Unit, alone: Outputs, *, explicit_tiles: bool,
-                 backward: bool) -> list[str]:
-    """How the unit's part of the huge run differs from the unit run alone (empty: it does not)."""
+                 backward: bool) -> tuple[list[str], Relation | None]:
+    """How the unit's part of the huge run differs from the unit run alone (empty: it does not),
+    and the first disagreement beyond both runs' budgets."""
     caps = kernel.capabilities
     pairs = [("o", full.o[unit.q_index], alone.o)]
     if full.lse is not None and alone.lse is not None:
@@ -143,7 +149,7 @@ def compare_unit(kernel: Kernel, full: Outputs, unit: Unit, alone: Outputs, *, e
         pairs += [("dq", full.dq[unit.q_index], alone.dq), ("dk", full.dk[unit.kv_index], alone.dk),
                   ("dv", full.dv[unit.kv_index], alone.dv)]
     limits = None
-    bad = []
+    bad, first = [], None
     for name, a, b in pairs:
         exact = explicit_tiles and (caps.deterministic_backward if name in GRADIENTS else caps.deterministic)
         if exact:
@@ -156,18 +162,12 @@ def compare_unit(kernel: Kernel, full: Outputs, unit: Unit, alone: Outputs, *, e
                         "should be the same bits)" if within else "")
         else:
             limits = limits or unit_limits(kernel, unit.problem, backward)
-            msg = disagreement(name, a, b, limits[name])
+            relation = disagreement(name, a, b, limits[name])
+            first = first or relation
+            msg = None if relation is None else relation.line
         if msg is not None:
             bad.append(msg)
-    return bad
-
-
-def _failure_details(report: str) -> list[str]:
-    """The lines of a :func:`harness.check.failure` report between its problem and its repro."""
-    lines = report.splitlines()
-    start = next((i + 1 for i, line in enumerate(lines) if line.startswith("problem: ")), 0)
-    stop = next((i for i, line in enumerate(lines) if line.startswith("repro")), len(lines))
-    return lines[start:stop] or lines[:1]
+    return bad, first
 
 
 def _out_of_memory(err: BaseException) -> bool:
@@ -191,23 +191,24 @@ def run_huge(kernel: Kernel, p: Problem, prop: str, *, declared: bool = True) ->
     except (torch.cuda.OutOfMemoryError, PropertyFailure) as err:
         if _out_of_memory(err):
             raise OutOfDeviceMemory(f"{type(err).__name__}: {str(err).splitlines()[0]}") from None
-        return Verdict(details=_failure_details(str(err)))  # the huge tensors go with the frame
+        return Verdict.of(err, "the huge problem, run whole")  # the huge tensors go with the frame
     del inputs, do
     # the same tiles in both runs: given by keyword, and (one long sequence) aligned on the
     # unit's first row, so that dK and dV sum the unit's rows in the same groups
     explicit = p.block_m is not None and p.block_n is not None and (
         axis_of(p) != "rows" or ROW_BLOCK_ALIGN % p.block_m == 0)
-    details = []
+    details, relation = [], None
     for unit in units(p, caps.causal_alignment):
         try:
             alone = run_kernel(kernel, unit.problem, prop, backward=backward)
         except PropertyFailure as err:
-            return Verdict(details=[f"{unit.what}, run alone:", *_failure_details(str(err))])
-        bad = compare_unit(kernel, full, unit, alone, explicit_tiles=explicit, backward=backward)
+            return Verdict.of(err, f"{unit.what}, run alone")
+        bad, first = compare_unit(kernel, full, unit, alone, explicit_tiles=explicit, backward=backward)
+        relation = relation or first
         if bad:
             details += [f"{unit.what} differs from the same problem alone, "
                         f"{unit.problem.describe()}:", *bad]
-    return Verdict(details=details)
+    return Verdict(details=details, relation=relation)
 
 
 def huge_check(prop: str, *, declared: bool = True):
@@ -295,12 +296,13 @@ def run_spread(kernel: Kernel, p: Problem, prop: str, *, declared: bool = True) 
     except KernelRefused:
         return Verdict(refused=True)
     except PropertyFailure as err:  # reported with the spread repro, not the dense one
-        return Verdict(details=[boundary_note(p), *_failure_details(str(err))], judged=names)
+        return Verdict.of(err, boundary_note(p), judged=names)
     del inputs, do
     results = judge(kernel, p.replace(layout="contiguous"), out, names)
     if all(r.ok for r in results):
         return Verdict(details=[])
-    return Verdict(details=[boundary_note(p), *(r.describe() for r in results)], judged=names)
+    return Verdict(details=[boundary_note(p), *(r.describe() for r in results)], judged=names,
+                   symptom=Symptom.of(results))
 
 
 def spread_check(prop: str, *, declared: bool = True):

@@ -28,6 +28,7 @@ from flashprop.harness.check import PropertyFailure, failure, run_kernel, run_pr
 from flashprop.harness.long_references import golden_chunk, golden_on_device, judge_long, yardstick_rows
 from flashprop.harness.scale_problems import exclusive_device
 from flashprop.harness.strategies import Sizes, problems
+from flashprop.harness.symptoms import Symptom
 
 PROP = "long-golden"
 HEAD_DIMS = (64, 128)
@@ -64,10 +65,10 @@ def _growth_lines(kernel: str) -> list[str]:
     return lines
 
 
-def judge_example(kernel: Kernel, p: Problem, max_scores: int) -> tuple[bool, list[str]]:
+def judge_example(kernel: Kernel, p: Problem, max_scores: int) -> PropertyFailure | None:
     """Run the kernel on ``p``, judge it against the golden on the device and the yardstick by
-    rows, report the example (:data:`GROWTH`); returns the verdict and its details (the tensors
-    are gone when it returns: a failure kept by Hypothesis holds no device memory)."""
+    rows, report the example (:data:`GROWTH`); returns its failure, ``None`` when it passed (the
+    tensors are gone when it returns: a failure kept by Hypothesis holds no device memory)."""
     caps = kernel.capabilities
     backward = caps.backward
     names = ("o", "lse", "dq", "dk", "dv") if backward else ("o", "lse")
@@ -76,7 +77,7 @@ def judge_example(kernel: Kernel, p: Problem, max_scores: int) -> tuple[bool, li
     try:
         out = run_kernel(kernel, p, PROP, backward=backward, inputs=inputs, grad_output=do)
     except PropertyFailure as err:
-        return False, [str(err)]
+        return err
     q, k, v = inputs.args
     alignment = caps.causal_alignment
     chunk = golden_chunk(p.b, p.hq, p.nq)
@@ -105,7 +106,8 @@ def judge_example(kernel: Kernel, p: Problem, max_scores: int) -> tuple[bool, li
         "golden_peak_gib": None if peak is None else peak / 2**30, "golden_chunk": chunk,
         "verdict": "passed" if ok else "failed",
     })
-    return ok, details
+    return None if ok else PropertyFailure(failure(kernel, p, PROP, details, backward=backward,
+                                                   symptom=Symptom.of(results)))
 
 
 #: The dtype the far-end problems take, the first one the kernel declares (float32 first on the
@@ -158,15 +160,12 @@ def test_long_sequences_golden(kernel: Kernel, device: str, capsys: pytest.Captu
     def check(kernel: Kernel, p: Problem) -> None:
         try:
             with exclusive_device(p.device):  # tens of GiB: one such example per GPU at a time
-                ok, details = judge_example(kernel, p, limits["scores"])
+                found = judge_example(kernel, p, limits["scores"])
         except torch.cuda.OutOfMemoryError as err:
             pytest.skip(f"{PROP}: out of device memory at {p.describe()}: {str(err).splitlines()[0]}; "
                         "the examples before it ran")
-        if ok:
-            return
-        if len(details) == 1 and details[0].startswith("property "):  # the kernel raised
-            raise PropertyFailure(details[0])
-        raise PropertyFailure(failure(kernel, p, PROP, details, backward=caps.backward))
+        if found is not None:
+            raise found
 
     strategy = problems(caps, device=device, sizes=sizes, min_n=lo, head_dims=HEAD_DIMS,
                         default_tiles=True, layouts=("contiguous", "transposed"))

@@ -55,6 +55,7 @@ from flashprop.contract.problem import KernelInputs, Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.check import REFERENCES, Outputs, PropertyFailure, failure, run_kernel, run_property
 from flashprop.harness.strategies import Sizes, declared, problems
+from flashprop.harness.symptoms import Symptom, error_kind
 from flashprop.harness.variant_problems import variant_problems
 from hypothesis import strategies as st
 
@@ -136,13 +137,16 @@ def _golden(kernel: Kernel, p: Problem, inputs: KernelInputs) -> tuple[torch.Ten
                                  alignment=kernel.capabilities.causal_alignment, **inputs.kwargs)
 
 
-def _mean_errors(p: Problem, out: Outputs, golden_o: torch.Tensor, golden_lse: torch.Tensor) -> list[str]:
-    """What is wrong with the mean errors of o and lse (the bounds above); empty when nothing."""
-    details = []
+def _mean_errors(p: Problem, out: Outputs, golden_o: torch.Tensor,
+                 golden_lse: torch.Tensor) -> tuple[list[str], Symptom | None]:
+    """What is wrong with the mean errors of o and lse (the bounds above; empty when nothing), and
+    the symptom: the tensors over their bounds, with their errors' kinds."""
+    details, off = [], []
     rounding = float((golden_o.to(p.dtype).double() - golden_o).abs().mean())
     error = float((out.o.double() - golden_o.to(out.o.device)).abs().mean())
     floor = FLOOR_EPS * torch.finfo(p.dtype).eps * float(golden_o.abs().mean())
     if not error <= MEAN_RATIO * rounding + floor:
+        off.append(("o", error_kind(error)))
         details.append(
             f"o: mean|err| = {error:.3e} > {MEAN_RATIO} x mean rounding error {rounding:.3e} + floor "
             f"{floor:.3e}; err / rounding = {error / rounding if rounding else float('inf'):.3g} "
@@ -155,13 +159,14 @@ def _mean_errors(p: Problem, out: Outputs, golden_o: torch.Tensor, golden_lse: t
         lse_error = float((out.lse.double().cpu()[seen.cpu()] - g.cpu()).abs().mean())
         lse_floor = LSE_FLOOR_ULPS * torch.finfo(torch.float32).eps * max(1.0, float(g.abs().mean()))
         if not lse_error <= LSE_RATIO * lse_rounding + lse_floor:
+            off.append(("lse", error_kind(lse_error)))
             details.append(
                 f"lse: mean|err| = {lse_error:.3e} > {LSE_RATIO} x mean error of rounding it to {p.dtype} "
                 f"{lse_rounding:.3e} + floor {lse_floor:.3e}; err / rounding = "
                 f"{lse_error / lse_rounding if lse_rounding else float('inf'):.3g} (a float32 lse measures "
                 "below 0.001, one rounded to the input dtype about 1)"
             )
-    return details
+    return details, Symptom(tuple(off)) if off else None
 
 
 def _checker(prop: str, cancelling: bool = False):
@@ -172,9 +177,9 @@ def _checker(prop: str, cancelling: bool = False):
         inputs, built = ((cancelling_inputs(p)[0], (REPRO_MODULE, "cancelling_inputs(p)")) if cancelling
                          else (p.kernel_inputs(), None))
         out = run_kernel(kernel, p, prop, inputs=inputs)
-        details = _mean_errors(p, out, *_golden(kernel, p, inputs))
+        details, symptom = _mean_errors(p, out, *_golden(kernel, p, inputs))
         if details:
-            raise PropertyFailure(failure(kernel, p, prop, details, judged=(), inputs=built))
+            raise PropertyFailure(failure(kernel, p, prop, details, judged=(), inputs=built, symptom=symptom))
 
     return check
 
