@@ -7,6 +7,7 @@
 name what a failure looks like and what explains it, ``causes.py`` groups failures by cause;
 ``report.py`` keeps the per-property tallies; ``campaign.py`` the xdist workers, shards and stop signals;
 ``timebox.py`` the time box; ``known_failures.py`` the expected-failure file;
-``compile_locks.py`` Triton's compile locks across processes; ``fixed_cases.py`` the one-call
-GPU check on fixed cases that the kernels' own scripts (``kernels/*/gpu_check.py``) run.
+``compile_locks.py`` Triton's compile locks across processes; ``failures.py`` a failure's record.
+(The one-call GPU checks on fixed cases are scripts: ``ci/fixed_cases.py``, ``ci/cuda_check.py``,
+``ci/triton_check.py``.)
 """

@@ -3,20 +3,20 @@ benchmark against SDPA.
 
 Run from the repository root on a CUDA (sm_90a) machine:
 
-    PYTHONUNBUFFERED=1 python kernels/cuda/gpu_check.py --out DIR [--skip-correctness]
+    PYTHONUNBUFFERED=1 python ci/cuda_check.py --out DIR [--skip-correctness]
         [--skip-bench] [--quick-bench] [--bench-dtypes bf16]
 
 A tuning variant is checked the same way with extra nvcc flags, e.g.
 ``FLASHPROP_CUDA_FLAGS=-DFLASHPROP_FWD128_BLOCK_N=32`` (each process builds into a fresh directory).
 
 1. Builds the extension into a fresh directory and reports the build time.
-2. The cases (below) as ``harness/fixed_cases.py`` judges them, with its determinism check: Nq != Nk
+2. The cases (below) as ``ci/fixed_cases.py`` judges them, with its determinism check: Nq != Nk
    both ways, N = 1, lengths that are not tile multiples, causal with Nq > Nk (empty rows),
    GQA/MQA, head dims 8..256, fp16/bf16, explicit scales, inputs in NaN-filled memory, sliced
    (NaN neighbours, a base not 16-byte aligned), transposed or with a head-dim stride of 2 (the
    kernel copies those).
 3. ``torch.library.opcheck`` on both custom ops.
-4. The benchmark of ``harness/fixed_cases.py`` (bf16 unless ``--bench-dtypes`` says otherwise).
+4. The benchmark of ``ci/fixed_cases.py`` (bf16 unless ``--bench-dtypes`` says otherwise).
 
 Results in DIR (default ``$OUT`` or ``./gpu_check_out``); exit status 1 if any check failed.
 """
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fixed_cases import Log, finish, parse_args, run_benchmarks, run_checks, run_correctness
 from flashprop.contract.problem import DTYPES_BY_NAME, Problem
-from flashprop.harness.fixed_cases import Log, finish, parse_args, run_benchmarks, run_checks, run_correctness
 
 KERNEL = "cuda"
 

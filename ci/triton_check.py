@@ -3,11 +3,11 @@ fixed cases, fp64 gradcheck, benchmark against SDPA.
 
 Run from the repository root on a CUDA machine:
 
-    python kernels/triton_notes/gpu_check.py --out DIR [--skip-correctness] [--skip-bench]
+    python ci/triton_check.py --out DIR [--skip-correctness] [--skip-bench]
         [--quick-bench] [--bench-dtypes bf16,fp16] [--workers N]
 
 The cases (below) and their judgement, the determinism check and the benchmark are
-``harness/fixed_cases.py``'s: fp16, bf16, fp32 and fp64, GQA/MQA, Nq != Nk both ways, empty rows,
+``ci/fixed_cases.py``'s: fp16, bf16, fp32 and fp64, GQA/MQA, Nq != Nk both ways, empty rows,
 D in {1, 24, 40, 64, 72, 96, 128, 160, 200, 256} with Dv != D, explicit tiles, fixed tiles and
 the autotuner's, inputs in NaN-filled or sliced memory. The cases run in ``--workers`` processes
 (default 8), so that Triton compiles their kernels in parallel. Then ``torch.autograd.gradcheck``
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fixed_cases import Log, finish, parse_args, run_benchmarks, run_checks, run_correctness
 from flashprop.contract.problem import DTYPES_BY_NAME, Problem
-from flashprop.harness.fixed_cases import Log, finish, parse_args, run_benchmarks, run_checks, run_correctness
 
 KERNEL = "triton"
 WORKERS = 8

@@ -1,8 +1,8 @@
 """A fused kernel's one-call GPU check on fixed cases: forward and backward against refimpl,
 bitwise determinism, kernel-specific checks, then the benchmark grid against SDPA.
 
-The kernels' own scripts run it (``kernels/triton_notes/gpu_check.py``,
-``kernels/cuda/gpu_check.py``), each with its cases and its extra checks. Each case is a
+The kernels' own scripts run it (``ci/triton_check.py``, ``ci/cuda_check.py``), each with its
+cases and its extra checks. Each case is a
 :class:`contract.problem.Problem` on the GPU: its ``layout`` puts the inputs in NaN-filled
 memory (``contiguous``, ``sliced``) or in other strides (``transposed``, ``strided``), so that a
 read out of bounds shows up as NaN. Judged, per case:
