@@ -239,7 +239,7 @@ def _history(ns: argparse.Namespace, rows: list[Comparison], device: str, thresh
     """Append the compared rows to the history file; its path (``None`` with --no-history)."""
     if ns.no_history:
         return None
-    path = ns.history or (Path(ns.out) if ns.out else Path(".flashprop")) / HISTORY_NAME
+    path = Path(ns.history) if ns.history else (Path(ns.out) if ns.out else Path(".flashprop")) / HISTORY_NAME
     shared = context(device)
     if ns.candidate:
         repo = repository_root(Path.cwd())

@@ -173,10 +173,10 @@ def import_kernel_at(spec: str, tree: Path, repo: Path, alias: str, label: str) 
     repo, tree = repo.resolve(), tree.resolve()
     target, attr = _spec_target(spec, repo, tree)
     saved = modules_under(repo)
-    before = set(sys.modules)
     old_path = sys.path[:]
     for name in saved:
         del sys.modules[name]
+    before = set(sys.modules)
     sys.path[:] = [_moved(entry, repo, tree) for entry in sys.path]
     importlib.invalidate_caches()
     try:
@@ -193,10 +193,11 @@ def import_kernel_at(spec: str, tree: Path, repo: Path, alias: str, label: str) 
         leaked = sorted(name for name, m in loaded.items()
                         if any(_inside(p, repo) and not _inside(p, tree) for p in _module_paths(m)))
         for name, mod in loaded.items():
+            if name.startswith(alias):
+                continue  # a file spec's module, named apart from the start
             if any(_inside(p, tree) for p in _module_paths(mod)) or name in leaked:
                 del sys.modules[name]
-                if not name.startswith(alias):
-                    sys.modules[f"{alias}.{name}"] = mod
+                sys.modules[f"{alias}.{name}"] = mod
         sys.modules.update(saved)
         sys.path[:] = old_path
         importlib.invalidate_caches()
