@@ -70,6 +70,28 @@ GPU_FUZZ_KERNELS: tuple[str, ...] = ("triton", "cuda")
 BENCH_ANCHORS: dict[str, tuple[str, ...]] = {"cuda": ("sdpa-flash", "sdpa-cudnn"), "cpu": ("sdpa-math",)}
 #: The GPU benchmark grid: the fused kernels and the CUDA anchors.
 GPU_BENCH_KERNELS: tuple[str, ...] = ("triton", "cuda", *BENCH_ANCHORS["cuda"])
+#: The runs by name: ``--kernel +cpu`` (pytest, ``flashprop fuzz``, ``mutants.run --kernels``)
+#: names every kernel of :data:`CPU_KERNELS`, and so on (:func:`expand_specs`).
+KERNEL_SETS: dict[str, tuple[str, ...]] = {
+    "cpu": CPU_KERNELS, "gpu": GPU_PROPERTY_KERNELS, "gpu-fuzz": GPU_FUZZ_KERNELS,
+    "gpu-bench": GPU_BENCH_KERNELS,
+}
+
+
+def expand_specs(specs: list[str]) -> list[str]:
+    """``specs`` with each ``+NAME`` replaced by the kernels of run ``NAME`` (:data:`KERNEL_SETS`),
+    in order, each kernel once; an unknown set raises :class:`KernelSpecError` naming the known."""
+    out: list[str] = []
+    for spec in specs:
+        if spec.startswith("+"):
+            if spec[1:] not in KERNEL_SETS:
+                known = ", ".join("+" + name for name in KERNEL_SETS)
+                raise KernelSpecError(f"no kernel set {spec!r}: known {known}")
+            names = KERNEL_SETS[spec[1:]]
+        else:
+            names = (spec,)
+        out += [name for name in names if name not in out]
+    return out
 
 
 class KernelUnavailable(RuntimeError):

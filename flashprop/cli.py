@@ -99,8 +99,12 @@ def usage_problem(ns: argparse.Namespace) -> str | None:
     unknown = [name for name in ns.properties or () if name not in known]
     if unknown:
         return f"unknown property {', '.join(unknown)}; the properties are: {' '.join(known)}"
-    from flashprop.contract.registry import spec_problem
+    from flashprop.contract.registry import KernelSpecError, expand_specs, spec_problem
 
+    try:
+        ns.kernel = expand_specs(ns.kernel)
+    except KernelSpecError as err:
+        return str(err)
     return spec_problem(ns.kernel)
 
 

@@ -103,7 +103,8 @@ _UNMATCHED = pytest.StashKey[list]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("flashprop")
-    group.addoption("--kernel", action="append", default=[], help="kernel under test (repeatable)")
+    group.addoption("--kernel", action="append", default=[],
+                    help="kernel under test (repeatable); +cpu, +gpu, +gpu-fuzz, +gpu-bench: a run's kernels")
     group.addoption("--device", default=None, choices=("cpu", "cuda"), help="tensor device")
     group.addoption("--max-examples", type=example_count, default=None, help=MAX_EXAMPLES_HELP)
     group.addoption("--max-n", type=int, default=None, help="largest sequence length drawn")
@@ -266,10 +267,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _check_kernel_specs(config: pytest.Config) -> None:
-    """A ``--kernel`` that names no kernel (no such file, module or attribute) is a usage error,
-    said before any test runs; a kernel that exists but cannot run here is skipped, with why."""
-    from flashprop.contract.registry import spec_problem
+    """``--kernel +NAME`` is the kernels of a run (``contract.registry.KERNEL_SETS``); a
+    ``--kernel`` that names no kernel (no such file, module or attribute, or set) is a usage
+    error, said before any test runs; a kernel that exists but cannot run here is skipped, with
+    why."""
+    from flashprop.contract.registry import KernelSpecError, expand_specs, spec_problem
 
+    try:
+        config.option.kernel = expand_specs(config.getoption("--kernel"))
+    except KernelSpecError as err:
+        raise pytest.UsageError(str(err)) from None
     problem = spec_problem(config.getoption("--kernel"))
     if problem:
         raise pytest.UsageError(problem)

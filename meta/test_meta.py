@@ -23,7 +23,14 @@ import pytest
 import torch
 from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities, Limit
 from flashprop.contract.problem import DISTRIBUTIONS, LAYOUTS, Problem
-from flashprop.contract.registry import Kernel, load_kernel, observe_outputs
+from flashprop.contract.registry import (
+    CPU_KERNELS,
+    Kernel,
+    KernelSpecError,
+    expand_specs,
+    load_kernel,
+    observe_outputs,
+)
 from flashprop.harness.check import (
     PropertyFailure,
     assert_close_to_golden,
@@ -31,6 +38,7 @@ from flashprop.harness.check import (
     run_kernel,
     run_property,
 )
+from flashprop.harness.failures import Failure
 from flashprop.harness.known_failures import KnownFailure, mark, parse
 from flashprop.harness.report import forget
 from flashprop.harness.strategies import Sizes, problems, undeclared_problems
@@ -321,9 +329,31 @@ def test_registry_loads_names_modules_and_files(tmp_path: Path):
         load_kernel("no-such-kernel")
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_kernel_set_names_a_runs_kernels_once():
+    """``+cpu`` is the default CPU run's kernels (what tox and the mutants' baseline take), in
+    order, a kernel named twice once; an unknown set is refused naming the known ones, by the
+    plugin as a usage error in one line."""
+    assert expand_specs(["+cpu"]) == list(CPU_KERNELS)
+    assert expand_specs(["triton", "+cpu", "cuda"]) == ["triton", *(k for k in CPU_KERNELS if k != "triton"),
+                                                        "cuda"]
+    with pytest.raises(KernelSpecError, match=r"\+cpu, \+gpu"):
+        expand_specs(["+nope"])
+    def collect(spec: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "pytest", "properties/test_golden.py", "-q", "-p",
+                               "no:cacheprovider", "--kernel", spec, "--co", "-k", "forward_matches"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    run = collect("+nope")
+    assert run.returncode == 4 and "no kernel set '+nope'" in run.stderr, run.stdout + run.stderr
+    listed = collect("+cpu").stdout
+    assert all(f"[{name}]" in listed for name in CPU_KERNELS), listed
+
+
 # --------------------------------------------------------------------------- known failures
 
-ROOT = Path(__file__).resolve().parent.parent
 FORWARD = "properties/test_golden.py::test_forward_matches_golden"
 
 
@@ -463,7 +493,8 @@ def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
     monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
     report.record("k", "forward", "passed", 1.0)
-    report.record("k", "forward", "failed", 0.5, "the failure")
+    failure = Failure("k", "forward", Problem().describe(), ("the failure",), replay="flashprop replay")
+    report.record("k", "forward", "failed", 0.5, failure)
     report.dump(str(tmp_path / "a.json"))
     report.TALLIES.clear()
     report.record("k", "forward", "refused", 0.25)
@@ -475,7 +506,7 @@ def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.Monk
     assert report.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
     forward = report.TALLIES[("k", "forward")]
     assert (forward.passed, forward.refused, forward.failed) == (1, 1, 1)
-    assert forward.seconds == 1.75 and forward.last_failure == "the failure"
+    assert forward.seconds == 1.75 and forward.last_failure == failure  # the record, whole
     assert report.TALLIES[("k", "backward")].run == 1
 
 
@@ -500,9 +531,9 @@ def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: p
     assert saved() == (1, 0)
     report.record("k", "forward", "passed", 1.0)
     assert saved() == (1, 0)  # within AUTOSAVE_SECONDS of the last save
-    report.record("k", "forward", "failed", 1.0, "the failure")
+    report.record("k", "forward", "failed", 1.0, Failure("k", "forward", "the failure"))
     assert saved() == (2, 1)
-    report.record("k", "forward", "failed", 1.0, "a shrinking step")
+    report.record("k", "forward", "failed", 1.0, Failure("k", "forward", "a shrinking step"))
     assert saved() == (2, 1)  # not at each failure
     assert [p.name for p in tmp_path.iterdir()] == ["tally.json"]
 

@@ -39,6 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from flashprop.contract.registry import CPU_KERNELS, expand_specs
+
 from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
 
 #: Property files that run first, in this order (cheap, and between them they see most bug
@@ -51,7 +53,8 @@ FIRST = (
     "test_determinism.py",
 )
 LAST = ("test_gradcheck.py", "test_error_contract.py")
-CORRECT_KERNELS = ("triton", "ref-blocked", "ref-reordered")  # slowest first
+#: The correct kernels: the default CPU run's (contract.registry.CPU_KERNELS), slowest first.
+CORRECT_KERNELS = tuple(sorted(CPU_KERNELS, key=lambda name: name != "triton"))
 
 _PROBLEM = re.compile(r"^problem: (Problem\(.*\))$", re.MULTILINE)
 
@@ -274,10 +277,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="only write a pass record of --kernels to PATH (after the suite passed) and exit",
     )
-    parser.add_argument("--kernels", nargs="*", default=[], help="kernels a pass record names")
+    parser.add_argument("--kernels", nargs="*", default=[],
+                        help="kernels a pass record names (+cpu: the default CPU run's)")
     args = parser.parse_args(argv)
     if args.write_pass_record is not None:
-        write_pass_record(args.write_pass_record, args.kernels)
+        write_pass_record(args.write_pass_record, expand_specs(args.kernels))
         return 0
     if args.baseline_record is not None and recorded_pass(args.baseline_record):
         print(f"correct kernels {', '.join(CORRECT_KERNELS)}: passed the same CI-profile suite "
