@@ -4,7 +4,9 @@
 
 writes ``DIR/bench.md`` and, when matplotlib is installed, ``DIR/bench.png``: TFLOP/s against N,
 one line per kernel (anchors dashed), one panel per (head dim, causal), one row of panels per
-(mode, dtype). The same files are written at the end of a bench run given ``--bench-report DIR``.
+(mode, dtype); with decode rows also ``DIR/decode.png``, their fraction of the copy bandwidth
+against the cache length (``benchmarks.decode``). The same files are written at the end of a
+bench run given ``--bench-report DIR``.
 Above each timed table a line says which clock timed it and what that clock counts (from the
 rows' protocols, :mod:`benchmarks.timing`); the memory table has a row for every kernel its
 suite was given, a skipped one with the reason.
@@ -19,11 +21,13 @@ from pathlib import Path
 
 from flashprop.contract.registry import BENCH_ANCHORS
 
+from . import decode
 from .grid import SHORT_DTYPE
 from .schema import Row, Skipped, rows, skipped
 from .timing import clock_counts
 
 PLOT_NAME, TABLE_NAME = "bench.png", "bench.md"
+DECODE_PLOT_NAME = "decode.png"
 #: Kernels drawn dashed: the anchors of every device.
 ANCHOR_STYLE = {anchor for anchors in BENCH_ANCHORS.values() for anchor in anchors}
 
@@ -95,8 +99,10 @@ def split_table(results: Iterable[Row]) -> list[str]:
 
 
 def gate_rows(results: Iterable[Row]) -> list[Row]:
-    """The CPU gate's rows (and its anchors'): timed, with no TFLOP/s and no memory growth."""
-    return [r for r in results if r.tflops is None and r.mem_exponent is None and r.median_s is not None]
+    """The CPU gate's rows (and its anchors'): timed, with no TFLOP/s, no memory growth and no
+    bytes read (decode rows)."""
+    return [r for r in results if r.median_s is not None
+            and r.tflops is None and r.mem_exponent is None and r.bytes_read is None]
 
 
 def calibrated_table(results: Iterable[Row]) -> list[str]:
@@ -199,8 +205,17 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
         lines += [f"(no plot: {why_not})", ""]
     grid = [r for r in results if r.tflops is not None]
     gate = gate_rows(results)
+    decoded = decode.decode_table(results)
+    if decoded:
+        why_not = decode.plot(results, folder / DECODE_PLOT_NAME)
+        if why_not is None:
+            written.append(folder / DECODE_PLOT_NAME)
+        decoded = [f"![fraction of the copy bandwidth against L]({DECODE_PLOT_NAME})" if why_not is None
+                   else f"(no plot: {why_not})", "", *decoded]
     for title, body, timed in (
         ("Kernels (TFLOP/s)", grid_table(results), grid),
+        ("KV-cache decode (bytes of K, V and block table over time, against the copy bandwidth)", decoded,
+         decode.decode_rows(results)),
         ("Forward and backward against the anchors (higher is faster)", split_table(results), grid),
         ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))",
          memory_table(results, skipped(output_json, "memory")), []),

@@ -9,6 +9,9 @@ Which fields a row fills in, besides ``kernel`` and ``config`` (a stable label o
 
     grid     (bench_attention) device, mode, n, d, causal, dtype, b, h, flops, median_s,
              host_s, tflops, peak_mem_bytes, ratios, timing, launch
+    decode   (bench_decode) device, mode, n (the cache length), d, dtype, b, h, hkv, page_size,
+             bytes_read, median_s, host_s, ratios (``copy``: the fraction of the copy
+             bandwidth), timing, launch
     layer    (bench_layer) the grid's shape fields, d_model, block_tflops instead of tflops
     memory   (bench_memory) device, mem_n, mem_peak_bytes, mem_exponent
     first    (bench_first_call) the grid's shape fields, median_s, launch, first_call
@@ -41,6 +44,8 @@ class Row:
         n, d, causal, dtype, b, h: sequence length, head dim, causal mask, dtype name (e.g.
             ``bfloat16``), batch and heads of the problem.
         d_model: the model width of a transformer-block row (heads x head dim).
+        hkv, page_size: a decode row's kv heads and page size (``None``: a contiguous cache).
+        bytes_read: the bytes a decode row reads per call (K, V and the block table).
         flops: floating-point operations of one timed call.
         median_s: median seconds of the timed call.
         host_s: host seconds of one call with an idle GPU (its launch cost; ``None`` on the CPU).
@@ -73,6 +78,9 @@ class Row:
     b: int | None = None
     h: int | None = None
     d_model: int | None = None
+    hkv: int | None = None
+    page_size: int | None = None
+    bytes_read: int | None = None
     flops: float | None = None
     median_s: float | None = None
     host_s: float | None = None

@@ -304,26 +304,29 @@ def _decode_combine(
 # Stage 3: host side
 # ---------------------------------------------------------------------------------------------
 
-#: Page sizes declared (``Capabilities.kvcache``). The addressing takes any page size (per key
-#: row); others are refused only so that the declaration, which the error contract checks, is
-#: exact: add one here to declare it.
-PAGE_SIZES: tuple[int, ...] = (1, 16, 48, 64, 100, 256)
-#: The most splits a call takes (``num_splits``), and the heuristic's cap.
-MAX_SPLITS: int = 128
+#: What the entry point declares: ``attention.capabilities.kvcache`` of the dense module, the one
+#: place its limits are written. The addressing takes any page size (per key row); other sizes
+#: are refused only so that the declaration, which the error contract checks, is exact: add one
+#: there to declare it.
+DECLARATION: KVCache = ta.attention.capabilities.kvcache
+PAGE_SIZES: tuple[int, ...] = DECLARATION.page_sizes
+#: The most splits a call takes (``num_splits``), and the heuristic's cap: 128 on a GPU, 8 under the
+#: interpreter (it runs each split's program after the other, on the CPU).
+MAX_SPLITS: int = DECLARATION.max_splits
 #: The most queries per sequence (Nq) a call decodes.
-MAX_QUERIES: int = 64
-#: What the entry point declares (``Capabilities.kvcache``).
-DECLARATION = KVCache(contiguous=True, page_sizes=PAGE_SIZES, max_splits=MAX_SPLITS, max_queries=MAX_QUERIES)
+MAX_QUERIES: int = DECLARATION.max_queries
 
-#: Key tile (BLOCK_N) without ``block_n``: small under the interpreter (CPU problems are short,
-#: and several tiles per run exercise the loop); 64 keys x 128 dims x 2 bytes (16 KiB) per
-#: K or V tile on a GPU, pipelined three deep.
-_DEFAULT_BLOCK_N: int = 16 if ta.INTERPRET else 64
+#: Key tile (BLOCK_N) without ``block_n``: the dense kernel's 32 under the interpreter (CPU
+#: problems are short); on a GPU 64 keys x 128 dims x 2 bytes (16 KiB) per K or V tile,
+#: pipelined three deep.
+INTERPRETER_BLOCK_N: int = 32
+_DEFAULT_BLOCK_N: int = INTERPRETER_BLOCK_N if ta.INTERPRET else 64
 #: The largest row tile (BLOCK_M) without ``block_m``: a GQA group of 8 query heads at Nq = 8 fits
 #: one tile; more rows are cut into row tiles (each reads the keys again).
 _MAX_ROWS: int = 64
-#: Splits of the combine kernel's inner loop (it merges this many partials per step).
-_COMBINE_SPLITS: int = 16
+#: Partials the combine kernel merges per step of its loop (4 under the interpreter, whose
+#: declared max_splits is 8: so CPU runs take the loop more than once too).
+_COMBINE_SPLITS: int = 4 if ta.INTERPRET else 16
 #: The split heuristic: programs to aim for, in waves of one program per SM (a decode program is
 #: small: several are resident per SM, so two waves keep every SM streaming to the end), and
 #: the fewest key tiles a run keeps (below, the partial's fixed costs and the combine dominate).
@@ -449,11 +452,52 @@ def _kernels(keys: int, device: torch.device) -> tuple:
     on a GPU, else their twins compiled once per set of compile-time constants."""
     if device.type == "cuda" and keys >= _SPECIALISE_MIN_KEYS:
         return _decode_partial, _decode_combine
-    return _PARTIAL_PLAIN, _COMBINE_PLAIN
+    return PARTIAL_PLAIN, COMBINE_PLAIN
 
 
-_PARTIAL_PLAIN = ta._unspecialized(_decode_partial)
-_COMBINE_PLAIN = ta._unspecialized(_decode_combine)
+#: The unspecialised twins of the two kernels (``kernels.triton_attention._unspecialized``).
+PARTIAL_PLAIN = ta._unspecialized(_decode_partial)
+COMBINE_PLAIN = ta._unspecialized(_decode_combine)
+
+
+#: What the last call launched: (splits, row tiles, BLOCK_M, BLOCK_N, num_warps, num_stages,
+#: specialised), formatted only when asked (:func:`last_launch`).
+_LAST_LAUNCH: dict[str, tuple[int, int, int, int, int, int, bool]] = {}
+
+
+def last_launch() -> dict[str, str]:
+    """The split count, tiles, warps and stages of the last call, e.g. ``{"decode": "33 splits x 1
+    row tile of 16 x 64, w4 s3, specialised"}``: what the heuristic chose, for benchmark reports."""
+    return {
+        name: f"{splits} split{'s' * (splits > 1)} x {tiles} row tile{'s' * (tiles > 1)} of {bm} x {bn}, "
+              f"w{warps} s{stages}, {'specialised' if special else 'unspecialised'}"
+        for name, (splits, tiles, bm, bn, warps, stages, special) in _LAST_LAUNCH.items()
+    }
+
+
+def partial_meta(d: int, dv: int, dtype: torch.dtype, rows: int, *, paged: bool, combine: bool,
+                 mods: ta._Mods, block_m: int | None = None, block_n: int | None = None) -> dict:
+    """The partial kernel's compile-time parameters and launch options (``num_warps``,
+    ``num_stages``) for head dims ``d``, ``dv``, ``dtype``, ``rows`` query rows per kv head (GQA
+    group x Nq), a paged cache or not, a combine after it or not, the variants ``mods`` (as
+    ``resolve_band`` gives them) and the tile bounds (:func:`_tiles`): what :func:`kvcache`
+    launches, and what ``ci/compile_triton.py`` compiles."""
+    block_m_, block_n_, warps, stages = _tiles(rows, d, dv, dtype, block_m, block_n)
+    block_d, block_dv = ta.padded_head_dim(d), ta.padded_head_dim(dv)
+    return {
+        "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
+        "PAGED": paged, "CAUSAL": mods.causal, "WINDOW": mods.window is not None,
+        "SOFTCAP": bool(mods.softcap), "ALIBI": mods.slopes is not None, "SINKS": mods.sinks is not None,
+        "COMBINE": combine, "ACC_DTYPE": _acc(dtype), "PRECISION": "ieee",
+        "BLOCK_M": block_m_, "BLOCK_N": block_n_, "num_warps": warps, "num_stages": stages,
+    }
+
+
+def combine_meta(dv: int, dtype: torch.dtype, splits: int, sinks: bool) -> dict:
+    """The combine kernel's compile-time parameters and launch options for ``splits`` partials."""
+    return {"BLOCK_DV": ta.padded_head_dim(dv), "SINKS": sinks, "ACC_DTYPE": _acc(dtype),
+            "BLOCK_S": min(_COMBINE_SPLITS, triton.next_power_of_2(splits)), "num_warps": 4,
+            "num_stages": 1}
 
 
 def _acc(dtype: torch.dtype) -> tl.dtype:
@@ -507,22 +551,24 @@ def kvcache(
         return o, lse
     group = hq // hkv
     rows = group * nq
-    block_m_, block_n_, warps, stages = _tiles(rows, d, dv, q.dtype, block_m, block_n)
-    row_tiles = triton.cdiv(rows, block_m_)
-    splits = num_splits or choose_splits(b, hkv, row_tiles, capacity, block_n_, _sms(q.device))
     paged = block_table is not None
+    meta = partial_meta(d, dv, q.dtype, rows, paged=paged, combine=False, mods=mods,
+                        block_m=block_m, block_n=block_n)
+    row_tiles = triton.cdiv(rows, meta["BLOCK_M"])
+    splits = num_splits or choose_splits(b, hkv, row_tiles, capacity, meta["BLOCK_N"], _sms(q.device))
+    meta["COMBINE"] = splits > 1
     partial, combine = _kernels(b * hkv * capacity, q.device)
+    _LAST_LAUNCH["decode"] = (splits, row_tiles, meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"],
+                              meta["num_stages"], partial is _decode_partial)
 
     table = block_table if paged else cache_seqlens  # an unused pointer points at any tensor
-    page_size = k_cache.shape[1] if paged else 0
-    num_pages = k_cache.shape[0] if paged else 0
+    page_size, num_pages = (k_cache.shape[1], k_cache.shape[0]) if paged else (0, 0)
     if splits > 1:
         out = torch.empty((b, hkv, splits, rows, dv), dtype=acc_dtype, device=q.device)
         out_lse = torch.empty((b, hkv, splits, rows), dtype=acc_dtype, device=q.device)
     else:
         out, out_lse = o, lse
     sinks_ = (mods.sinks, mods.sinks.stride(0)) if mods.sinks is not None else (lse, 0)
-    block_d, block_dv = ta.padded_head_dim(d), ta.padded_head_dim(dv)
     device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
     with device:
         partial[(splits * row_tiles, hkv, b)](
@@ -530,17 +576,17 @@ def kvcache(
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
             *(table.stride() if paged else (0, 0)), *o.stride(),
             hkv, group, nq, capacity, page_size, num_pages, splits,
-            *ta._variant_args(lse, mods, sm_scale), *sinks_,
-            d, dv, EVEN_D=block_d == d, EVEN_DV=block_dv == dv, BLOCK_D=block_d, BLOCK_DV=block_dv,
-            PAGED=paged, CAUSAL=mods.causal, WINDOW=mods.window is not None, SOFTCAP=bool(mods.softcap),
-            ALIBI=mods.slopes is not None, SINKS=mods.sinks is not None, COMBINE=splits > 1,
-            ACC_DTYPE=_acc(q.dtype), PRECISION="ieee", BLOCK_M=block_m_, BLOCK_N=block_n_,
-            num_warps=warps, num_stages=stages,
+            *ta._variant_args(lse, mods, sm_scale), *sinks_, d, dv, **meta,
         )
         if splits > 1:
             combine[(rows, hkv, b)](
                 out, out_lse, o, lse, sinks_[0], *o.stride(), sinks_[1], hkv, group, nq, splits, dv,
-                BLOCK_DV=block_dv, SINKS=mods.sinks is not None, ACC_DTYPE=_acc(q.dtype),
-                BLOCK_S=min(_COMBINE_SPLITS, triton.next_power_of_2(splits)), num_warps=4, num_stages=1,
+                **combine_meta(dv, q.dtype, splits, mods.sinks is not None),
             )
     return o, lse
+
+
+kvcache.last_launch = last_launch
+# The entry point the dense module exposes (``attention.kvcache``, which imports this module at
+# its first call) tells what it launched too, as ``attention.last_launch`` does for the dense passes.
+ta._kvcache.last_launch = last_launch
