@@ -84,7 +84,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, Limit
+from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
 from flashprop.contract.validate import INT32_ELEMENTS, check_variants, extent
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
@@ -1457,8 +1457,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
 
 #: The variants the dense entry point takes, forward and backward, in every combination with
-#: causal, GQA, Dv != D and the declared dtypes (varlen and KV-cache decode are not here).
+#: causal, GQA, Dv != D and the declared dtypes (varlen is not here); KV-cache decode
+#: (``attention.kvcache``, forward only: kernels/triton_decode.py) with them too.
 _VARIANTS = {"window": True, "softcap": True, "alibi": ALIBI_SHAPES, "sinks": True,
+             # the interpreter (CPU time): 8 splits (a program each), pages up to 64 keys
+             "kvcache": KVCache(contiguous=True, max_splits=8 if INTERPRET else 128, max_queries=64,
+                                page_sizes=(1, 16, 48, 64) if INTERPRET else (1, 16, 48, 64, 100, 256)),
              "variant_backward": frozenset({"window", "softcap", "alibi", "sinks"})}
 
 
@@ -1493,3 +1497,14 @@ def _capabilities() -> Capabilities:
 
 attention.capabilities = _capabilities()
 attention.last_launch = last_launch
+
+
+def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
+    """KV-cache decode, forward only: :func:`kernels.triton_decode.kvcache`, imported at the first
+    call (that module builds on this one's helpers: importing it here would be a cycle)."""
+    from flashprop.kernels.triton_decode import kvcache
+
+    return kvcache(q, k_cache, v_cache, **kwargs)
+
+
+attention.kvcache = _kvcache
