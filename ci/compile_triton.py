@@ -12,7 +12,8 @@ rows are 16-byte multiples; the three passes with 64-bit row offsets (``WIDE_ROW
 the three passes in fp32 at d = 64 (IEEE dots, the slowest to build); the first
 autotuning config of each tuned kernel at d = 128 (the forward with and without TMA)
 specialised as Triton's launcher would for a contiguous problem (unit strides constant, the
-rest multiples of 16); and the variants (window, softcap, ALiBi, sinks: :func:`variant_cases`).
+rest multiples of 16); the variants (window, softcap, ALiBi, sinks: :func:`variant_cases`); and
+the KV-cache decode kernels (:func:`decode_cases`).
 Also checks that the forward's
 autotuner ignores TRITON_CACHE_AUTOTUNING and that every autotuning key names a parameter.
 Prints shared memory per kernel; exits 1 on the first failure.
@@ -41,8 +42,11 @@ from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
 #: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.
-POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE", "Slopes", "Sinks"}
-FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE"}
+POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE", "Slopes", "Sinks",
+            "Table", "Lengths", "OPart", "LSEPart"}
+FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
+#: The decode kernels' int32 block table and cache lengths.
+INT32_POINTERS = {"Table", "Lengths"}
 #: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md).
 ALWAYS_FP32_POINTERS = {"Slopes", "Sinks"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2"}
@@ -74,6 +78,10 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
             wide = "fp64" if pointer == "fp64" else "fp32"
             if name in ALWAYS_FP32_POINTERS:
                 out[name] = "*fp32"
+            elif name in INT32_POINTERS:
+                out[name] = "*i32"
+            elif constants.get("COMBINE") and name in ("Out", "LSE"):  # decode's split partials
+                out[name] = f"*{wide}"
             else:
                 out[name] = f"*{wide}" if name in FP32_POINTERS else f"*{pointer}"
         elif name in FP64_SCALARS:
@@ -176,6 +184,49 @@ def variant_cases(passes: dict) -> list[tuple]:
     return cases
 
 
+def decode_cases() -> list[tuple]:
+    """The KV-cache decode kernels (``kernels/triton_decode.py``) with the parameters and launch
+    options ``partial_meta`` / ``combine_meta`` give them: the partial kernel on a paged and a
+    contiguous cache, with and without a combine after it, in bf16 (D = 128, the benchmarks'
+    specialised kernel too), fp16 (D = 200: masked head dims; causal), each variant alone and all
+    on (fp16 and fp64: the sinks with no combine, in the partial; with one, in the combine), and
+    the combine in bf16 and fp64."""
+    from flashprop.kernels import triton_decode as td
+
+    window, slopes, sinks = (8, 0), torch.empty(1), torch.empty(1)
+    plain, variants = ta._Mods(False), ta._Mods(False, window, 30.0, slopes, sinks)
+    cases = []
+    for label, dtype, d, paged, combine, mods in (
+        ("paged, combine", torch.bfloat16, 128, True, True, plain),
+        ("contiguous, no combine", torch.bfloat16, 128, False, False, plain),
+        ("paged, causal", torch.float16, 200, True, True, ta._Mods(True)),
+        ("contiguous, window alone", torch.bfloat16, 64, False, True, ta._Mods(False, window)),
+        ("paged, softcap alone", torch.bfloat16, 64, True, True, ta._Mods(False, softcap=30.0)),
+        ("contiguous, ALiBi alone", torch.bfloat16, 64, False, True, ta._Mods(False, slopes=slopes)),
+        ("paged, sinks, no combine", torch.float16, 64, True, False, ta._Mods(False, sinks=sinks)),
+        ("paged, all variants", torch.float16, 64, True, True, variants),
+        ("contiguous, all variants, no combine", torch.float16, 64, False, False, variants),
+        ("paged, all variants", torch.float64, 64, True, True, variants),
+    ):
+        meta = td.partial_meta(d, d, dtype, 32, paged=paged, combine=combine, mods=mods)
+        options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}
+        pointer = POINTER_NAMES[dtype]
+        cases.append((f"decode partial d={d} {pointer} {label}, unspecialised", td.PARTIAL_PLAIN, meta,
+                      options, False, pointer))
+        if label == "paged, combine":  # the kernel the benchmarks launch (large caches)
+            cases.append((f"decode partial d={d} {pointer} {label}, specialised", td._decode_partial, meta,
+                          options, True, pointer))
+    for dtype in (torch.bfloat16, torch.float64):
+        meta = td.combine_meta(128, dtype, 64, sinks=True)
+        options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}
+        cases.append((f"decode combine dv=128 {POINTER_NAMES[dtype]} 64 splits, sinks, unspecialised",
+                      td.COMBINE_PLAIN, meta, options, False, POINTER_NAMES[dtype]))
+    return cases
+
+
+POINTER_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
+
+
 def main() -> int:
     passes = {name: ta.PASSES[name] for name in ta.TILED_PASSES}
     cases = []
@@ -216,6 +267,7 @@ def main() -> int:
     cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", passes["fwd"].jit, meta,
                   options, True, "bf16"))
     cases += variant_cases(passes)
+    cases += decode_cases()
 
     if passes["fwd"].tuned.cache_results:
         print("compile-triton: FAILED the forward's autotuner caches to disk under "
