@@ -8,11 +8,13 @@ noise-band and bisect checks of ``docs/benchmarks.md`` (never applied to this ch
 
 ``--scratch`` copies the checkout's files (git's list of them; no ``.git``) into a new folder DIR
 and commits them there as one commit (``base``). The plant wraps the forward's launch in
-``kernels/triton_attention.py``'s ``_forward``: each call measures the launch's own time for its
-first PLANT_MEASURED calls at a shape (the first one autotunes: the plant takes the fastest of
-the others), and from then on waits ``fraction`` of that time after each launch, on the GPU
-(``torch.cuda._sleep``: GPU time, what the benchmarks' CUDA events time) or, interpreted on the
-CPU, on the host (``time.sleep``). The forward stays correct; its time grows by ``fraction``.
+``kernels/triton_attention.py``'s ``_forward``: the first PLANT_MEASURED calls at a shape measure
+the launch's GPU time (CUDA events, a spin before them covering the host's enqueueing, as the
+benchmarks' protocol does; the first call autotunes, so the plant takes the fastest of the
+others), and every later call waits ``fraction`` of that time after its launch: on the GPU a
+``torch.cuda._sleep`` spin (GPU time, what the benchmarks' CUDA events count; its cycles per second
+and an empty spin's own time measured once), interpreted on the CPU a host ``time.sleep``. The
+forward stays correct; its time grows by ``fraction``.
 ``--commits N --at K`` (DIR must be a git repository with no changes) makes N commits, the K-th
 planting the slowdown and the others appending a line to ``PLANTED_NOTES``, and prints the
 first and last commit's hashes (GOOD and BAD of a bisect).
@@ -39,13 +41,25 @@ HELPER = '''
 # ---- planted by ci/plant_slowdown.py in a scratch copy: a slowdown of the forward ----
 _PLANTED_FRACTION = {fraction!r}
 _planted_seconds: dict = {{}}
-_planted_cycles_per_second: list = []
+_planted_spin: list = []  # cycles per second of torch.cuda._sleep, seconds of an empty one
+
+
+def _planted_gpu_seconds(fn) -> float:
+    """GPU seconds of ``fn``'s launches between CUDA events, a spin keeping the GPU busy while
+    the host enqueues them (so the host's launch latency is not counted)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(20_000_000)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 def _planted_slowdown(launch, q, k, v, meta) -> None:
     """Launch; after {measured} measured launches at this shape and switches, wait
-    _PLANTED_FRACTION of the fastest of them but the first (GPU time on CUDA, host time
-    interpreted)."""
+    _PLANTED_FRACTION of the fastest of them but the first: on CUDA a spin of that much GPU time
+    (less an empty spin's own), interpreted a host sleep."""
     import time
 
     cuda = not INTERPRET and torch.cuda.is_available()
@@ -54,12 +68,7 @@ def _planted_slowdown(launch, q, k, v, meta) -> None:
     seen = _planted_seconds.setdefault(key, [])
     if len(seen) < {measured}:
         if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launch()
-            end.record()
-            end.synchronize()
-            seen.append(start.elapsed_time(end) / 1e3)
+            seen.append(_planted_gpu_seconds(launch))
         else:
             began = time.perf_counter()
             launch()
@@ -70,15 +79,14 @@ def _planted_slowdown(launch, q, k, v, meta) -> None:
     if not cuda:
         time.sleep(wait)
         return
-    if not _planted_cycles_per_second:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(10_000_000)
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        _planted_cycles_per_second.append(10_000_000 / (start.elapsed_time(end) / 1e3))
-    torch.cuda._sleep(int(wait * _planted_cycles_per_second[0]))
+    if not _planted_spin:
+        cycles = 10_000_000
+        per_second = cycles / (_planted_gpu_seconds(lambda: torch.cuda._sleep(cycles))
+                               - _planted_gpu_seconds(lambda: torch.cuda._sleep(1)))
+        _planted_spin.extend([per_second, min(_planted_gpu_seconds(lambda: torch.cuda._sleep(1))
+                                              for _ in range(3))])
+    per_second, empty = _planted_spin
+    torch.cuda._sleep(max(1, int((wait - empty) * per_second)))
 '''
 
 
