@@ -18,7 +18,8 @@ To add a kernel adapter:
    (``contract/capabilities.py``: dtypes, devices, head dims, tiles, backward, variants, and each
    known limit as a ``Limit`` with its reason). Variants are keywords of ``attention`` and the
    entry points ``attention.varlen`` / ``attention.kvcache`` (``docs/variants.md``); check their
-   inputs with ``contract/validate.py`` (``check_variants``, ``check_varlen``, ``check_decode``).
+   inputs with ``contract/validate.py`` (``check_dense``, ``check_variants``, ``check_varlen``,
+   ``check_decode``).
 3. Give the callable or its module ``unavailable_reason()`` when it cannot run everywhere (no
    GPU, a package or a build missing).
 4. Register a name for it in :data:`BUILTIN` and add the name to the runs below that should

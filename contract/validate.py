@@ -164,6 +164,30 @@ def check_num_splits(num_splits: object, max_splits: int | None) -> int:
     return num_splits
 
 
+def check_dense(q: object, k: object, v: object) -> tuple[int, int]:
+    """The dense entry point's tensors: q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv),
+    of one dtype on one device, Hq a multiple of Hkv; returns ``(Hq, Hq // Hkv)``. What a kernel
+    supports of them (dtypes, devices, head dims) is its own check."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"expected 4-d q, k, v (B, H, N, D); got {q.dim()}, {k.dim()}, {v.dim()} dims")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
+    b, hq, _, d = q.shape
+    bk, hkv, nk, dk = k.shape
+    if (bk, hkv, nk) != tuple(v.shape[:3]) or b != bk:
+        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if d != dk:
+        raise ValueError(f"q head dim {d} != k head dim {dk}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+    return hq, hq // hkv
+
+
 def check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """Varlen tensors: token-major q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), Hq % Hkv == 0."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from flashprop.contract.capabilities import Capabilities, Limit
+from flashprop.contract.validate import check_dense
 
 __all__ = ["attention", "unavailable_reason"]
 
@@ -161,34 +162,22 @@ if not hasattr(getattr(torch.ops, _NS), "cuda_attn_fwd"):
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None) -> float:
-    """Validate a problem (clear ValueError / TypeError / NotImplementedError); return the scale."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-d (B, H, N, D), got shape {tuple(t.shape)}")
+    """Validate a problem (clear ValueError / TypeError / NotImplementedError); return the scale.
+    The dense layout's rules are ``contract.validate.check_dense``'s; what follows is this
+    kernel's support."""
+    check_dense(q, k, v)
     if q.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"cuda kernel: dtype {q.dtype} not supported (float16, bfloat16)")
-    if k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"cuda kernel: q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
-    if q.device.type != "cuda" or k.device != q.device or v.device != q.device:
-        raise NotImplementedError(
-            f"cuda kernel: only CUDA tensors on one device (got {q.device}, {k.device}, {v.device})"
-        )
+    if q.device.type != "cuda":
+        raise NotImplementedError(f"cuda kernel: only CUDA tensors (got {q.device})")
     b, hq, nq, d = q.shape
-    bk, hkv, nk, dk = k.shape
-    if b != bk or tuple(v.shape[:3]) != (bk, hkv, nk):
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if dk != d:
-        raise ValueError(f"k head dim {dk} != q head dim {d}")
+    hkv, nk = k.shape[1], k.shape[2]
     if v.shape[3] != d:
         raise NotImplementedError(f"cuda kernel: value head dim Dv={v.shape[3]} != D={d}")
     if d not in _HEAD_DIMS:
         raise NotImplementedError(f"cuda kernel: head dim D={d} not supported (8, 16, ..., 256)")
     if min(b, hq, hkv, nq, nk) < 1:
         raise ValueError(f"empty dimension: q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if hq % hkv != 0:
-        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
     if max(b, hq) > 65535:
         raise NotImplementedError(f"cuda kernel: batch {b} or heads {hq} above 65535")
     if scale is None:

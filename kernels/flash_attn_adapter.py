@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.validate import check_dense
 
 try:
     from flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
@@ -35,7 +36,8 @@ def _variants(window_size, softcap, alibi_slopes) -> dict:
 
 def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window_size=None,
               softcap: float = 0.0, alibi_slopes=None):
-    """flash-attn ``(o, lse)`` on (B, H, N, D) views."""
+    """flash-attn ``(o, lse)`` on (B, H, N, D) views (``contract.validate.check_dense``)."""
+    check_dense(q, k, v)
     o, lse, _ = flash_attn_func(
         q.transpose(1, 2),
         k.transpose(1, 2),

@@ -37,7 +37,13 @@ from collections.abc import Callable
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, Limit
-from flashprop.contract.validate import INT32_ELEMENTS, check_elements, check_variants, check_varlen
+from flashprop.contract.validate import (
+    INT32_ELEMENTS,
+    check_dense,
+    check_elements,
+    check_variants,
+    check_varlen,
+)
 
 try:
     from torch.nn.attention.flex_attention import BlockMask, and_masks, create_block_mask, flex_attention
@@ -239,6 +245,7 @@ def attention(
     alibi_slopes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlexAttention ``(o, lse)``, bottom-right causal, with window, softcap and ALiBi."""
+    check_dense(q, k, v)
     _check(q, k, v)
     return _dense(
         q, k, v, causal=causal, scale=scale, window_size=window_size, softcap=softcap,

@@ -52,6 +52,7 @@ from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache,
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_decode,
+    check_dense,
     check_elements,
     check_variants,
     check_varlen,
@@ -150,8 +151,9 @@ def _dense_call(
     window_size: tuple[int, int] | None = None,
     alibi_slopes: torch.Tensor | None = None,
 ) -> _Call:
-    """Dense (B, H, N, D) inputs; causal alone stays SDPA's ``is_causal``, a window or ALiBi
-    becomes a mask with the causal edge in it."""
+    """Dense (B, H, N, D) inputs (``contract.validate.check_dense``); causal alone stays SDPA's
+    ``is_causal``, a window or ALiBi becomes a mask with the causal edge in it."""
+    check_dense(q, k, v)
     if window_size is None and alibi_slopes is None:
         return _plain_call(q, k, v, causal=causal, scale=scale)
     b, hq = q.shape[:2]
@@ -302,7 +304,7 @@ def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Calla
             causal: bool = False,
             scale: float | None = None,
         ) -> torch.Tensor:
-            return run(_plain_call(q, k, v, causal=causal, scale=scale))
+            return run(_dense_call(q, k, v, causal=causal, scale=scale))
 
     attention.__doc__ = doc
     attention.__name__ = attention.__qualname__ = name

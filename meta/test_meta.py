@@ -352,6 +352,23 @@ def test_a_kernel_set_names_a_runs_kernels_once():
     assert all(f"[{name}]" in listed for name in CPU_KERNELS), listed
 
 
+@pytest.mark.parametrize("entry", ["golden", "yardstick", "ref-blocked", "sdpa-math"])
+def test_one_dense_validator_refuses_malformed_dense_inputs(entry: str):
+    """The golden, the yardstick, ref-blocked and the SDPA adapters check the dense layout with
+    ``contract.validate.check_dense``: the same clear error for each malformed call."""
+    fn = {"golden": attention_golden, "yardstick": attention_yardstick}.get(entry) or load_kernel(entry).fn
+    q = torch.randn(1, 4, 3, 8)
+    kv = torch.randn(1, 2, 5, 8)
+    cases = [((q[0], kv, kv), ValueError, "4-d"), ((q, kv.double(), kv), TypeError, "share a dtype"),
+             ((q, kv, torch.randn(1, 2, 6, 8)), ValueError, "incompatible shapes"),
+             ((q, torch.randn(1, 2, 5, 4), kv), ValueError, "head dim"),
+             ((torch.randn(1, 3, 3, 8), kv, kv), ValueError, "multiple of Hkv"),
+             ((q, [[0.0]], kv), TypeError, "torch.Tensor")]
+    for args, error, words in cases:
+        with pytest.raises(error, match=words):
+            fn(*args)
+
+
 # --------------------------------------------------------------------------- known failures
 
 FORWARD = "properties/test_golden.py::test_forward_matches_golden"

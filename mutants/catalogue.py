@@ -202,8 +202,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_strides_contiguous",
         BLOCKED,
-        "    check_shapes(q, k, v)\n",
-        "    check_shapes(q, k, v)\n"
+        "    check_dense(q, k, v)\n",
+        "    check_dense(q, k, v)\n"
         "    q, k, v = (t.as_strided(t.shape, t.new_empty(t.shape).stride(), t.storage_offset())\n"
         "               for t in (q, k, v))\n",
         "strides assumed contiguous",

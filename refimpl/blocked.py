@@ -56,8 +56,8 @@ from dataclasses import dataclass, replace
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from flashprop.contract.validate import check_decode, check_variants, check_varlen
-from flashprop.refimpl.golden import check_shapes, default_scale
+from flashprop.contract.validate import check_decode, check_dense, check_variants, check_varlen
+from flashprop.refimpl.golden import default_scale
 from flashprop.refimpl.masks import causal_offset
 from flashprop.refimpl.online_softmax import merge_partials
 
@@ -448,7 +448,7 @@ def attention(
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); o (B, Hq, Nq, Dv), lse (B, Hq, Nq).
     Differentiable in q, k, v and ``sinks``. ``order``: the tile loops' summation order (:class:`Order`)."""
-    check_shapes(q, k, v)
+    check_dense(q, k, v)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = q.shape[:2]
     window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)

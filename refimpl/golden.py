@@ -31,25 +31,11 @@ from __future__ import annotations
 import math
 
 import torch
+from flashprop.contract.validate import check_dense
 from flashprop.refimpl.masks import mask_mod, score_mod
 from flashprop.refimpl.online_softmax import NEG_INF, SoftmaxState
 
 DEFAULT_CHUNK = 1024
-
-
-def check_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
-    """Validate the layout convention; returns (Hq, group size Hq // Hkv)."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"expected 4-d q, k, v (B, H, N, D); got {q.dim()}, {k.dim()}, {v.dim()} dims")
-    b, hq, _, d = q.shape
-    bk, hkv, nk, dk = k.shape
-    if (bk, hkv, nk) != tuple(v.shape[:3]) or b != bk:
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if d != dk:
-        raise ValueError(f"q head dim {d} != k head dim {dk}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
-    return hq, hq // hkv
 
 
 def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
@@ -93,7 +79,7 @@ def attention_golden(
     sinks: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks."""
-    _, group = check_shapes(q, k, v)
+    _, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
     state = _initial_state(q, v.shape[-1], sinks)
@@ -160,7 +146,7 @@ def attention_golden_backward(
     """Float64 gradients ``(dq, dk, dv)``, and ``dsinks`` (Hq,) after them when ``sinks`` is
     given, for upstream gradient ``do`` of the output ``o``; with ``bounds`` followed by the same
     number of bounds computed from absolute values."""
-    hq, group = check_shapes(q, k, v)
+    hq, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
     o, lse = attention_golden(

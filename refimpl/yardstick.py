@@ -11,7 +11,8 @@ through it, in the input dtype. Variants are applied with the golden's mods
 from __future__ import annotations
 
 import torch
-from flashprop.refimpl.golden import check_shapes, default_scale, expand_kv
+from flashprop.contract.validate import check_dense
+from flashprop.refimpl.golden import default_scale, expand_kv
 from flashprop.refimpl.masks import mask_mod, score_mod
 
 
@@ -30,7 +31,7 @@ def attention_yardstick(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` in the input dtype; differentiable. Empty rows give o = 0, lse = -inf (or the
     sink logit)."""
-    _, group = check_shapes(q, k, v)
+    _, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     k, v = expand_kv(k, group), expand_kv(v, group)
     s = (q * scale) @ k.transpose(-1, -2)
