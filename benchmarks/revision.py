@@ -6,9 +6,10 @@ and index are not touched) and removes it afterwards. :func:`import_kernel_at` i
 spec (a registered name, ``module:attr`` or ``path/to/file.py:attr``) from that tree:
 
 1. every module already imported from the repository (the candidate's: its files lie under the
-   repository's root) leaves ``sys.modules`` for the time of the import, and each ``sys.path``
-   entry inside the repository (the working folder among them) is moved to the same place in
-   the tree, as is a file spec's path;
+   repository's root, and the tree has them too) leaves ``sys.modules`` for the time of the
+   import, and each ``sys.path`` entry inside the repository (the working folder among them) is
+   moved to the same place in the tree, as is a file spec's path; what the tree lacks (a
+   virtual environment inside the repository, with its torch and flashprop) stays shared;
 2. the spec is imported there, so the revision's kernel imports the revision's helpers;
 3. the modules it loaded from the tree are moved in ``sys.modules`` under ``ALIAS.<name>``
    (a file spec's module is named ``ALIAS_<stem>`` from the start), and the candidate's modules,
@@ -126,10 +127,24 @@ def modules_under(root: Path) -> dict[str, ModuleType]:
             if module is not None and any(_inside(p, root) for p in _module_paths(module))}
 
 
+def _versioned(path: Path, repo: Path, tree: Path) -> bool:
+    """Whether ``path`` lies in the repository and the tree has it too: a file or folder of the
+    revision, not an untracked one (a virtual environment inside the repository, whose torch
+    and flashprop must stay shared)."""
+    return _inside(path, repo) and (tree / path.relative_to(repo)).exists()
+
+
+def _revision_modules(repo: Path, tree: Path) -> dict[str, ModuleType]:
+    """The imported modules the tree has a version of (:func:`_versioned`)."""
+    return {name: module for name, module in modules_under(repo).items()
+            if any(_versioned(p, repo, tree) for p in _module_paths(module))}
+
+
 def _moved(entry: str, repo: Path, tree: Path) -> str:
-    """A ``sys.path`` entry moved from the repository to the same place in the tree."""
+    """A ``sys.path`` entry moved from the repository to the same place in the tree (one the
+    tree lacks, such as a virtual environment's, stays)."""
     path = Path(entry or os.getcwd()).resolve()
-    return str(tree / path.relative_to(repo)) if _inside(path, repo) else entry
+    return str(tree / path.relative_to(repo)) if _versioned(path, repo, tree) else entry
 
 
 def _spec_target(spec: str, repo: Path, tree: Path) -> tuple[str, str]:
@@ -172,7 +187,7 @@ def import_kernel_at(spec: str, tree: Path, repo: Path, alias: str, label: str) 
     when the tree lacks it, ``KernelUnavailable`` when it cannot run here."""
     repo, tree = repo.resolve(), tree.resolve()
     target, attr = _spec_target(spec, repo, tree)
-    saved = modules_under(repo)
+    saved = _revision_modules(repo, tree)
     old_path = sys.path[:]
     for name in saved:
         del sys.modules[name]
@@ -191,7 +206,7 @@ def import_kernel_at(spec: str, tree: Path, repo: Path, alias: str, label: str) 
     finally:
         loaded = {name: sys.modules[name] for name in set(sys.modules) - before}
         leaked = sorted(name for name, m in loaded.items()
-                        if any(_inside(p, repo) and not _inside(p, tree) for p in _module_paths(m)))
+                        if any(_versioned(p, repo, tree) for p in _module_paths(m)))
         for name, mod in loaded.items():
             if name.startswith(alias):
                 continue  # a file spec's module, named apart from the start

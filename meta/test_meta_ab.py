@@ -215,6 +215,26 @@ def test_a_flashprop_kernel_is_imported_from_a_worktree_next_to_the_working_tree
     assert not tree.exists()
 
 
+@needs_git
+def test_a_package_the_revision_lacks_stays_shared(tmp_path, monkeypatch, in_process) -> None:
+    """A virtual environment inside the repository (untracked) is not the revision's: its modules
+    are shared by both sides, never imported twice."""
+    repo = _scratch(tmp_path / "repo", "import venv_helper\n\n\ndef attn(q, k, v, causal=False):\n"
+                    "    return venv_helper.same(q)\n")
+    site = repo / ".venv" / "site"
+    site.mkdir(parents=True)
+    (site / "venv_helper.py").write_text("def same(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.chdir(repo)
+    import venv_helper
+
+    with worktree(repo, "HEAD") as tree:
+        kernel = import_kernel_at("./kern.py:attn", tree, repo, "flashprop_ab_test", "kern@HEAD")
+        assert kernel.fn.__globals__["venv_helper"] is venv_helper is sys.modules["venv_helper"]
+        assert Path(kernel.fn.__code__.co_filename).is_relative_to(tree)
+    del sys.modules["venv_helper"]
+
+
 # ---- noise bands ------------------------------------------------------------------------------
 
 def _gate_run(path: Path, ratios: dict[str, float]) -> Path:
