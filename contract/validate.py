@@ -267,11 +267,16 @@ def check_cache(
     v_cache: torch.Tensor,
     cache_seqlens: object,
     block_table: object | None,
+    *,
+    values: bool = True,
 ) -> int:
     """KV-cache decode inputs: q (B, Nq, Hq, D); the cache (B, Ncache, Hkv, D) contiguous, or
     (num_pages, page_size, Hkv, D) paged with an int32 ``block_table`` (B, max_pages) of entries in
     ``[0, num_pages)``; int32 ``cache_seqlens`` (B,) in ``[0, capacity]``. Returns the capacity
-    (Ncache, or ``max_pages * page_size``)."""
+    (Ncache, or ``max_pages * page_size``). ``values=False`` leaves the entries' and lengths'
+    ranges to :func:`check_cache_values`: a kernel that reads any values within bounds may
+    launch first and check them after, so that the check's device synchronisation waits for its
+    kernels instead of delaying their launch."""
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(
             f"decode q and caches must be 4-d, got {q.dim()}, {k_cache.dim()}, {v_cache.dim()} dims"
@@ -293,21 +298,33 @@ def check_cache(
         table = _index_tensor(block_table, "block_table", q.device)
         if table.dim() != 2 or table.shape[0] != b:
             raise ValueError(f"block_table must have shape ({b}, max_pages), got {tuple(table.shape)}")
-        num_pages = k_cache.shape[0]
         if k_cache.shape[1] == 0:
             raise ValueError(f"a paged cache needs page_size >= 1, got k_cache {tuple(k_cache.shape)}")
-        if table.numel() and not bool(((table >= 0) & (table < num_pages)).all()):
-            raise ValueError(
-                f"block_table entries must be page indices in [0, {num_pages}), got "
-                f"{int(table.min())}..{int(table.max())}"
-            )
         capacity = table.shape[1] * k_cache.shape[1]
     lengths = _index_tensor(cache_seqlens, "cache_seqlens", q.device)
     if tuple(lengths.shape) != (b,):
         raise ValueError(f"cache_seqlens must have shape ({b},), got {tuple(lengths.shape)}")
-    if b and not bool(((lengths >= 0) & (lengths <= capacity)).all()):
-        raise ValueError(f"cache_seqlens must be in [0, {capacity}] (the capacity), got {lengths.tolist()}")
+    if values:
+        check_cache_values(k_cache, cache_seqlens, block_table, capacity)
     return capacity
+
+
+def check_cache_values(
+    k_cache: torch.Tensor, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None, capacity: int
+) -> None:
+    """The values :func:`check_cache` checks with ``values=True``: ``block_table`` entries in
+    ``[0, num_pages)``, ``cache_seqlens`` in ``[0, capacity]`` (read on the host)."""
+    if block_table is not None:
+        num_pages = k_cache.shape[0]
+        if block_table.numel() and not bool(((block_table >= 0) & (block_table < num_pages)).all()):
+            raise ValueError(
+                f"block_table entries must be page indices in [0, {num_pages}), got "
+                f"{int(block_table.min())}..{int(block_table.max())}"
+            )
+    if cache_seqlens.numel() and not bool(((cache_seqlens >= 0) & (cache_seqlens <= capacity)).all()):
+        raise ValueError(
+            f"cache_seqlens must be in [0, {capacity}] (the capacity), got {cache_seqlens.tolist()}"
+        )
 
 
 def check_decode(
@@ -318,9 +335,11 @@ def check_decode(
     block_table: object | None,
     num_splits: object,
     max_splits: int | None,
+    *,
+    values: bool = True,
 ) -> int:
-    """A KV-cache decode call's tensors and lengths (:func:`check_cache`) and its ``num_splits``
-    (:func:`check_num_splits`); returns the cache capacity."""
-    capacity = check_cache(q, k_cache, v_cache, cache_seqlens, block_table)
+    """A KV-cache decode call's tensors and lengths (:func:`check_cache`, ``values`` as there) and
+    its ``num_splits`` (:func:`check_num_splits`); returns the cache capacity."""
+    capacity = check_cache(q, k_cache, v_cache, cache_seqlens, block_table, values=values)
     check_num_splits(num_splits, max_splits)
     return capacity

@@ -51,7 +51,11 @@ Conventions:
 * Only cache positions j < L_b are read, and only the block-table entries of their pages: the
   loads are masked (other = 0) and the loops stop at the length. Lengths are clamped into
   [0, capacity] and page indices into [0, num_pages) in the kernel, so no value of them reads
-  outside the tensors (``contract.validate.check_decode`` refuses such values before any launch).
+  outside the tensors. So the values are checked after the launch
+  (``contract.validate.check_cache_values``; shapes and dtypes before it, ``check_decode``): the
+  check reads them on the host, and its device synchronisation then waits for the kernels
+  instead of holding back their launch (on a GPU the host's launch latency stays hidden behind
+  the work before it). A malformed call raises and its outputs are dropped.
 * o (B, Nq, Hq, Dv) in the inputs' dtype; lse (B, Hq, Nq) natural log, float32 (float64 for
   float64 inputs); a row that sees no key gets o = 0, lse = -inf (with a sink: lse = z_h).
   Partials are kept in the accumulator dtype (float32; float64 for float64).
@@ -78,7 +82,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.contract.capabilities import KVCache
-from flashprop.contract.validate import check_decode, check_variants
+from flashprop.contract.validate import check_cache_values, check_decode, check_variants
 from flashprop.kernels import triton_attention as ta
 from flashprop.kernels.triton_attention import _in_window, _modified_scores
 from torch import Tensor
@@ -534,7 +538,9 @@ def kvcache(
     ``check_variants`` (clear errors for malformed lengths, tables and splits).
     """
     _check_tensors(q, k_cache, v_cache, scale, block_m, block_n)
-    capacity = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, MAX_SPLITS)
+    # shapes, dtypes and num_splits now; the values of the lengths and the table after the launch
+    capacity = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, MAX_SPLITS,
+                            values=False)
     b, nq, hq, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[3]
     _check_declared(q, k_cache, block_table, hkv)
@@ -548,6 +554,7 @@ def kvcache(
     o = torch.empty((b, nq, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=acc_dtype, device=q.device)
     if o.numel() == 0 and lse.numel() == 0:
+        check_cache_values(k_cache, cache_seqlens, block_table, capacity)
         return o, lse
     group = hq // hkv
     rows = group * nq
@@ -583,6 +590,7 @@ def kvcache(
                 out, out_lse, o, lse, sinks_[0], *o.stride(), sinks_[1], hkv, group, nq, splits, dv,
                 **combine_meta(dv, q.dtype, splits, mods.sinks is not None),
             )
+    check_cache_values(k_cache, cache_seqlens, block_table, capacity)  # a malformed call's o is dropped
     return o, lse
 
 
