@@ -120,7 +120,7 @@ def _decode_partial(
     stride_qb, stride_qn, stride_qh, stride_qd,
     stride_kp, stride_kn, stride_kh, stride_kd,
     stride_vp, stride_vn, stride_vh, stride_vd,
-    stride_tb, stride_tp,
+    stride_tb, stride_tp, stride_l,
     stride_ob, stride_on, stride_oh, stride_od,
     H_KV, GROUP, N_Q, capacity, page_size, num_pages, num_splits,
     qk_scale: tl.float64, win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
@@ -135,13 +135,14 @@ def _decode_partial(
     Grid: (num_splits * row tiles, H_KV, B), the row tile fastest (its programs read the same keys).
 
     K, V are the cache (``stride_kp``: the batch stride, or the page stride when PAGED with the
-    int32 ``Table``); ``Lengths`` the int32 cache lengths. qk_scale, win_left, win_right,
-    softcap2 and the ALiBi slopes' strides as :func:`kernels.triton_attention._attn_fwd` takes
-    them (CAUSAL, WINDOW: the band of ``resolve_band``). COMBINE: ``Out`` (B, H_KV, num_splits,
-    R, Dv) and ``LSE`` (B, H_KV, num_splits, R) are contiguous partials in ACC_DTYPE, o_s
-    normalised and lse_s in base 2, no sink; else ``Out`` is the strided o (B, Nq, Hq, Dv),
-    ``LSE`` the contiguous (B, Hq, Nq) natural-log lse, and the sinks (SINKS) start the online
-    softmax. Unused pointers point at any tensor, unused integers are 0.
+    int32 ``Table``); ``Lengths`` the int32 cache lengths (stride ``stride_l``). qk_scale,
+    win_left, win_right, softcap2 and the ALiBi slopes' strides as
+    :func:`kernels.triton_attention._attn_fwd` takes them (CAUSAL, WINDOW: the band of
+    ``resolve_band``). COMBINE: ``Out`` (B, H_KV, num_splits, R, Dv) and ``LSE`` (B, H_KV,
+    num_splits, R) are contiguous partials in ACC_DTYPE, o_s normalised and lse_s in base 2, no
+    sink; else ``Out`` is the strided o (B, Nq, Hq, Dv), ``LSE`` the contiguous (B, Hq, Nq)
+    natural-log lse, and the sinks (SINKS) start the online softmax. Unused pointers point at
+    any tensor, unused integers are 0.
     """
     n_rows = GROUP * N_Q
     row_tiles = tl.cdiv(n_rows, BLOCK_M)
@@ -149,7 +150,7 @@ def _decode_partial(
     tile = tl.program_id(0) % row_tiles
     off_hkv = tl.program_id(1).to(tl.int64)
     off_b = tl.program_id(2).to(tl.int64)
-    length = tl.minimum(tl.maximum(tl.load(Lengths + off_b), 0), capacity)
+    length = tl.minimum(tl.maximum(tl.load(Lengths + off_b * stride_l), 0), capacity)
     offset = length - N_Q  # c: query i sits at position i + c
 
     offs_r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -581,7 +582,7 @@ def kvcache(
         partial[(splits * row_tiles, hkv, b)](
             q, k_cache, v_cache, table, cache_seqlens, out, out_lse,
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
-            *(table.stride() if paged else (0, 0)), *o.stride(),
+            *(table.stride() if paged else (0, 0)), cache_seqlens.stride(0), *o.stride(),
             hkv, group, nq, capacity, page_size, num_pages, splits,
             *ta._variant_args(lse, mods, sm_scale), *sinks_, d, dv, **meta,
         )
