@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import flashprop.kernels.triton_attention as ta
 import torch
 from flashprop.contract.problem import Problem
+from flashprop.contract.variants import MODIFIERS
 from flashprop.harness.strategies import device_sizes, problems
-from flashprop.harness.variant_problems import MODIFIERS, variant_problems
+from flashprop.harness.variant_problems import variant_problems
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
+from flashprop.contract.variants import BACKWARD, BY_NAME, TABLE
 
 if TYPE_CHECKING:  # pragma: no cover
     from flashprop.contract.problem import Problem
@@ -31,8 +32,6 @@ CausalAlignment = Literal["bottom-right", "top-left"]
 ALL_DTYPES: frozenset[torch.dtype] = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 #: Head dims a full-support kernel claims.
 ALL_HEAD_DIMS: range = range(1, 257)
-#: The variants with a backward: the score and mask modifiers, and varlen (decode is forward only).
-BACKWARD_VARIANTS: frozenset[str] = frozenset({"window", "softcap", "alibi", "sinks", "varlen"})
 #: Shapes of ALiBi slopes: one per query head ``(Hq,)``, or per batch element and head ``(B, Hq)``.
 ALIBI_SHAPES: frozenset[str] = frozenset({"head", "batch-head"})
 
@@ -105,7 +104,7 @@ class Capabilities:
         sinks: takes ``sinks`` (one learnable sink logit per query head).
         varlen: has the varlen entry point ``fn.varlen`` (packed sequences, ``cu_seqlens``).
         kvcache: what its KV-cache decode entry point ``fn.kvcache`` takes; ``None``: none.
-        variant_backward: the variants (of :data:`BACKWARD_VARIANTS`) whose gradients it
+        variant_backward: the variants (of ``contract.variants.BACKWARD``) whose gradients it
             supports, when it declares ``backward``.
         seqlen_multiple: Nq and Nk (and every varlen sequence's lengths) must be multiples of this.
     """
@@ -137,7 +136,7 @@ class Capabilities:
     sinks: bool = False
     varlen: bool = False
     kvcache: KVCache | None = None
-    variant_backward: frozenset[str] = BACKWARD_VARIANTS
+    variant_backward: frozenset[str] = BACKWARD
     seqlen_multiple: int = 1
 
     @property
@@ -189,29 +188,7 @@ class Capabilities:
         lengths = [n for pair in p.seqlens for n in pair] if p.seqlens is not None else [p.nq, p.nk]
         if p.cache is None and m > 1 and any(n % m for n in lengths):
             return f"sequence lengths {sorted(set(lengths))} not all multiples of {m} (seqlen_multiple)"
-        if p.window is not None and not self.window:
-            return "window_size not declared"
-        if p.softcap and not self.softcap:
-            return "softcap not declared"
-        if p.alibi is not None and p.alibi[0] not in self.alibi:
-            return f"alibi_slopes of shape {p.alibi[0]!r} not declared"
-        if p.sinks is not None and not self.sinks:
-            return "sinks not declared"
-        if p.seqlens is not None and not self.varlen:
-            return "varlen (cu_seqlens) not declared"
-        if p.cache is not None:
-            kv = self.kvcache
-            if kv is None:
-                return "KV-cache decode not declared"
-            if p.page_size is None and not kv.contiguous:
-                return "contiguous KV cache not declared"
-            if p.page_size is not None and p.page_size not in kv.page_sizes:
-                return f"page_size={p.page_size} not declared"
-            if p.num_splits is not None and p.num_splits > kv.max_splits:
-                return f"num_splits={p.num_splits} > max_splits {kv.max_splits}"
-            if p.nq > kv.max_queries:
-                return f"Nq={p.nq} queries > max_queries {kv.max_queries}"
-        return None
+        return next((why for v in TABLE if v.used(p) and (why := v.refusal(self, p)) is not None), None)
 
     def backward_reason(self, p: Problem) -> str | None:
         """Why the kernel does not declare gradients for ``p`` (``None`` when it does)."""
@@ -223,19 +200,8 @@ class Capabilities:
         return f"backward of {', '.join(missing)} not declared" if missing else None
 
     def declares_variant(self, name: str) -> bool:
-        """Whether the kernel declares variant ``name`` (``window``, ``softcap``, ``alibi``,
-        ``sinks``, ``varlen``, ``kvcache``, ``paged``, ``splits``)."""
-        kv = self.kvcache
-        return {
-            "window": self.window,
-            "softcap": self.softcap,
-            "alibi": bool(self.alibi),
-            "sinks": self.sinks,
-            "varlen": self.varlen,
-            "kvcache": kv is not None,
-            "paged": kv is not None and bool(kv.page_sizes),
-            "splits": kv is not None and kv.max_splits > 1,
-        }[name]
+        """Whether the kernel declares variant ``name`` (a name of ``contract.variants.TABLE``)."""
+        return BY_NAME[name].declared(self)
 
     def must_raise(self, p: Problem) -> bool:
         """Whether the error contract demands a clear error for ``p`` (undeclared, not a

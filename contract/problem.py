@@ -54,6 +54,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+from flashprop.contract.variants import TABLE
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "strided")
 DISTRIBUTIONS = ("normal", "large", "negative", "rank1", "ties", "spikes", "overflow", "underflow")
@@ -135,18 +136,8 @@ class Problem:
 
     @property
     def variants(self) -> tuple[str, ...]:
-        """The variants in use (names as in :meth:`kernels.Capabilities.declares_variant`)."""
-        used = {
-            "window": self.window is not None,
-            "softcap": bool(self.softcap),
-            "alibi": self.alibi is not None,
-            "sinks": self.sinks is not None,
-            "varlen": self.seqlens is not None,
-            "kvcache": self.cache is not None,
-            "paged": self.page_size is not None,
-            "splits": self.num_splits is not None,
-        }
-        return tuple(name for name, on in used.items() if on)
+        """The variants in use (``contract.variants.TABLE``'s names, in its order)."""
+        return tuple(v.name for v in TABLE if v.used(self))
 
     @property
     def effective_scale(self) -> float:

@@ -306,6 +306,7 @@ def kernels(ns: argparse.Namespace) -> int:
     """List the registered kernels, whether each runs here and what it declares; a kernel that
     cannot run here (no GPU, a package missing, its module failed to import) is a row saying why."""
     from flashprop.contract.registry import BUILTIN, KernelUnavailable, load_kernel
+    from flashprop.contract.variants import NAMES
 
     rows = [("kernel", "dtypes", "head dims", "causal", "variants")]
     unavailable: dict[str, str] = {}
@@ -316,8 +317,7 @@ def kernels(ns: argparse.Namespace) -> int:
             unavailable[name] = str(err).removeprefix(f"kernel {name}: ")
             continue
         dims = sorted(caps.head_dims)
-        variants = [v for v in ("window", "softcap", "alibi", "sinks", "varlen", "kvcache", "paged", "splits")
-                    if caps.declares_variant(v)]
+        variants = [v for v in NAMES if caps.declares_variant(v)]
         rows.append((name, ",".join(str(d).removeprefix("torch.").replace("float", "f")
                                     for d in sorted(caps.dtypes, key=str)),
                      f"{dims[0]}..{dims[-1]}", caps.causal_alignment, " ".join(variants) or "-"))

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from flashprop.contract.problem import SINKS, KernelInputs, Problem
+from flashprop.contract.variants import MODIFIERS
 from flashprop.harness.strategies import (
     DEFAULT_SIZES,
     Derive,
@@ -40,10 +41,6 @@ from flashprop.harness.strategies import (
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 
-#: The variants a problem can use, in the order properties are reported.
-VARIANTS = ("window", "softcap", "alibi", "sinks", "varlen", "kvcache", "paged", "splits")
-#: Variants that modify the scores or the mask, combinable with every entry point.
-MODIFIERS = ("window", "softcap", "alibi", "sinks")
 SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 1000.0)
 ALIBI_MAX_SLOPES = (0.0, 1e-3, 0.25, 1.0, 8.0)
 #: Largest number of packed sequences drawn.

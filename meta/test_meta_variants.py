@@ -10,14 +10,16 @@ backward (dsinks included), within the float64 floor.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from flashprop.contract.problem import Problem
+from flashprop.contract.variants import MODIFIERS, TABLE, Variant
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
-from flashprop.harness.variant_problems import VARIANTS, variant_problems
+from flashprop.harness.variant_problems import variant_problems
 from flashprop.refimpl import attention_golden, attention_golden_backward
 from flashprop.refimpl.layouts import kvcache_golden, varlen_golden, varlen_golden_backward
 from hypothesis import given, settings
@@ -107,7 +109,7 @@ def _dense_check(p: Problem, q, k, v, do, kw) -> None:
 
 @settings(max_examples=40)
 @given(
-    st.sampled_from(VARIANTS[:4]).flatmap(
+    st.sampled_from(MODIFIERS).flatmap(
         lambda v: variant_problems(EVERYTHING, v, sizes=SIZES, dtypes=(F64,), mode="dense")
     )
 )
@@ -180,3 +182,45 @@ def test_kvcache_golden_is_the_definition_on_the_valid_cache(p: Problem):
         )
         _close("o", o[b], od[0].transpose(0, 1), logits=conditioning(p).raw_logits)
         _close("lse", lse[b], lsed[0], logits=conditioning(p).raw_logits)
+
+
+@pytest.mark.parametrize("row", TABLE, ids=lambda row: row.name)
+def test_each_row_of_the_variant_table_holds_for_its_problems(row: Variant):
+    """A problem drawn for a variant uses it (``Problem.variants``), its call carries the row's
+    keywords through the row's entry point; a kernel declaring everything declares it and
+    refuses none of them, one that does not declare it refuses each with a reason (but a single
+    split, which every decode takes); a row with a backward has drawable backward problems."""
+    nothing = replace(EVERYTHING, **_without(row.name))
+
+    @settings(max_examples=15, deadline=None, database=None, derandomize=True)
+    @given(variant_problems(EVERYTHING, row.name, device="cpu", sizes=SIZES, backward=False))
+    def check(p: Problem) -> None:
+        assert row.used(p) and row.name in p.variants, p.describe()
+        assert row.entry in ("any", p.mode), p.describe()
+        assert set(row.keywords) <= set(p.kernel_inputs().kwargs), (row.keywords, p.describe())
+        assert row.declared(EVERYTHING) and row.refusal(EVERYTHING, p) is None
+        assert EVERYTHING.unsupported_reason(p) is None
+        assert not row.declared(nothing)
+        if row.name != "splits" or p.num_splits > 1:  # num_splits=1 (no split) is every decode's
+            assert nothing.unsupported_reason(p) is not None, p.describe()
+
+    check()
+    if row.backward:
+        found = []
+
+        @settings(max_examples=3, deadline=None, database=None, derandomize=True)
+        @given(variant_problems(EVERYTHING, row.name, device="cpu", sizes=SIZES, backward=True))
+        def backward(p: Problem) -> None:
+            found.append(EVERYTHING.backward_reason(p))
+
+        backward()
+        assert found and all(reason is None for reason in found), found
+
+
+def _without(name: str) -> dict:
+    """Capabilities fields that leave variant ``name`` undeclared (the others as EVERYTHING's)."""
+    off = {"window": {"window": False}, "softcap": {"softcap": False}, "alibi": {"alibi": frozenset()},
+           "sinks": {"sinks": False}, "varlen": {"varlen": False}, "kvcache": {"kvcache": None},
+           "paged": {"kvcache": KVCache(page_sizes=(), max_splits=4)},
+           "splits": {"kvcache": KVCache(page_sizes=(1, 3, 4), max_splits=1)}}
+    return off[name]

@@ -10,10 +10,9 @@ judges dq, dk, dv (and dsinks) where the kernel declares that variant's gradient
 from __future__ import annotations
 
 import pytest
+from flashprop.contract.variants import BACKWARD, NAMES
 from flashprop.harness.check import assert_close_to_golden, gradient_names, run_kernel, run_property
-from flashprop.harness.variant_problems import MODIFIERS, VARIANTS, variant_problems
-
-BACKWARD_VARIANTS = (*MODIFIERS, "varlen")
+from flashprop.harness.variant_problems import variant_problems
 
 
 def _require(kernel, variant: str) -> None:
@@ -21,7 +20,7 @@ def _require(kernel, variant: str) -> None:
         pytest.skip(f"kernel {kernel.name} does not declare variant {variant!r}")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", NAMES)
 def test_variant_forward_matches_golden(kernel, device, sizes, variant):
     """o and lse of declared problems using ``variant`` agree with the float64 golden."""
     _require(kernel, variant)
@@ -35,7 +34,7 @@ def test_variant_forward_matches_golden(kernel, device, sizes, variant):
     run_property(kernel, prop, strategy, check)
 
 
-@pytest.mark.parametrize("variant", BACKWARD_VARIANTS)
+@pytest.mark.parametrize("variant", [name for name in NAMES if name in BACKWARD])
 def test_variant_backward_matches_golden(kernel, device, sizes, variant):
     """dq, dk, dv (and dsinks) of declared problems using ``variant`` agree with the golden."""
     _require(kernel, variant)

@@ -1,0 +1,104 @@
+"""The variant table: one row per variant of the contract (``docs/variants.md``).
+
+A row says what a problem that uses the variant looks like (:attr:`Variant.used`), the keywords a
+call takes it by, which entry point it is or modifies, whether it has a backward, whether a
+kernel's :class:`~contract.capabilities.Capabilities` declare it and, if they do not, why a
+problem is outside them (:attr:`Variant.refusal`). ``Problem.variants``,
+``Capabilities.declares_variant`` / ``unsupported_reason`` / ``variant_backward``'s default, the
+strategies' variant names (``harness.variant_problems``), the CLI's ``kernels`` listing and the
+property files' parametrisations read it.
+
+How to add a variant: its row here (and its :class:`~contract.problem.Problem` field and
+``Capabilities`` field, which the row's functions read); its keyword's check in
+``contract/validate.py``; its score or mask modifier in ``refimpl/masks.py`` (the golden, the
+yardstick and ``ref-blocked`` apply the modifiers there); its strategy in
+``harness/variant_problems.py``. ``meta/test_meta_variants.py`` checks every row against them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+#: A function of a kernel's Capabilities (typed loosely: this module sits below capabilities.py).
+Caps = Any
+#: A function of a Problem (likewise).
+Prob = Any
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One variant (see the module docstring).
+
+    Attributes:
+        name: its name (``--properties`` and the reports use it).
+        keywords: the call's keywords that carry it (empty: an entry point or a form of one).
+        entry: the entry point it is or modifies: ``any`` (a score or mask modifier of every
+            entry point), ``varlen`` or ``kvcache``.
+        backward: whether the contract has its gradient (a kernel declares which it gives in
+            ``Capabilities.variant_backward``).
+        used: whether a problem uses it.
+        declared: whether a kernel's capabilities declare it at all.
+        refusal: why a problem that uses it is outside the capabilities (``None``: it is not).
+    """
+
+    name: str
+    keywords: tuple[str, ...]
+    entry: str
+    backward: bool
+    used: Callable[[Prob], bool]
+    declared: Callable[[Caps], bool]
+    refusal: Callable[[Caps, Prob], str | None]
+
+
+def _paged_refusal(caps: Caps, p: Prob) -> str | None:
+    kv = caps.kvcache
+    if kv is None:
+        return None  # the kvcache row says it
+    return f"page_size={p.page_size} not declared" if p.page_size not in kv.page_sizes else None
+
+
+def _cache_refusal(caps: Caps, p: Prob) -> str | None:
+    kv = caps.kvcache
+    if kv is None:
+        return "KV-cache decode not declared"
+    if p.page_size is None and not kv.contiguous:
+        return "contiguous KV cache not declared"
+    return f"Nq={p.nq} queries > max_queries {kv.max_queries}" if p.nq > kv.max_queries else None
+
+
+def _splits_refusal(caps: Caps, p: Prob) -> str | None:
+    kv = caps.kvcache
+    if kv is None:
+        return None
+    return f"num_splits={p.num_splits} > max_splits {kv.max_splits}" if p.num_splits > kv.max_splits else None
+
+
+TABLE: tuple[Variant, ...] = (
+    Variant("window", ("window_size",), "any", True, lambda p: p.window is not None,
+            lambda c: c.window, lambda c, p: None if c.window else "window_size not declared"),
+    Variant("softcap", ("softcap",), "any", True, lambda p: bool(p.softcap),
+            lambda c: c.softcap, lambda c, p: None if c.softcap else "softcap not declared"),
+    Variant("alibi", ("alibi_slopes",), "any", True, lambda p: p.alibi is not None,
+            lambda c: bool(c.alibi),
+            lambda c, p: None if p.alibi[0] in c.alibi else f"alibi_slopes of shape {p.alibi[0]!r} "
+                                                           "not declared"),
+    Variant("sinks", ("sinks",), "any", True, lambda p: p.sinks is not None,
+            lambda c: c.sinks, lambda c, p: None if c.sinks else "sinks not declared"),
+    Variant("varlen", (), "varlen", True, lambda p: p.seqlens is not None,
+            lambda c: c.varlen, lambda c, p: None if c.varlen else "varlen (cu_seqlens) not declared"),
+    Variant("kvcache", ("cache_seqlens",), "kvcache", False, lambda p: p.cache is not None,
+            lambda c: c.kvcache is not None, _cache_refusal),
+    Variant("paged", ("block_table",), "kvcache", False, lambda p: p.page_size is not None,
+            lambda c: c.kvcache is not None and bool(c.kvcache.page_sizes), _paged_refusal),
+    Variant("splits", ("num_splits",), "kvcache", False, lambda p: p.num_splits is not None,
+            lambda c: c.kvcache is not None and c.kvcache.max_splits > 1, _splits_refusal),
+)
+#: The variants' names, in the order the reports list them.
+NAMES: tuple[str, ...] = tuple(v.name for v in TABLE)
+#: The score and mask modifiers, combinable with every entry point.
+MODIFIERS: tuple[str, ...] = tuple(v.name for v in TABLE if v.entry == "any")
+#: The variants with a backward (decode is forward only).
+BACKWARD: frozenset[str] = frozenset(v.name for v in TABLE if v.backward)
+BY_NAME: dict[str, Variant] = {v.name: v for v in TABLE}
