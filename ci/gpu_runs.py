@@ -190,7 +190,7 @@ def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
 
 
 def merged_table(tallies: list[Path]) -> str:
-    """``python -m harness.report`` of the tallies (run in this process): the merged table
+    """``python -m flashprop.harness.report`` of the tallies (run in this process): the merged table
     and each failure."""
     report.TALLIES.clear()
     text = io.StringIO()

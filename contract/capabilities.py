@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from flashprop.contract.variants import BACKWARD, BY_NAME, TABLE
+
+from .variants import BACKWARD, BY_NAME, TABLE
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flashprop.contract.problem import Problem
+    from .problem import Problem
 
 CausalAlignment = Literal["bottom-right", "top-left"]
 

@@ -54,7 +54,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
-from flashprop.contract.variants import TABLE
+
+from .variants import TABLE
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "strided")
 DISTRIBUTIONS = ("normal", "large", "negative", "rank1", "ties", "spikes", "overflow", "underflow")

@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities
+
+from .capabilities import FULL_SUPPORT, Capabilities
 
 #: Registered names and the ``module:attr`` each stands for.
 BUILTIN: dict[str, str] = {

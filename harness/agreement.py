@@ -18,9 +18,10 @@ entries (lse of empty rows) must sit at the same places with the same value in b
 from __future__ import annotations
 
 import torch
-from flashprop.contract.problem import KernelInputs, Problem
-from flashprop.contract.registry import Kernel
-from flashprop.harness.check import (
+
+from ..contract.problem import KernelInputs, Problem
+from ..contract.registry import Kernel
+from .check import (
     REFERENCES,
     Outputs,
     PropertyFailure,
@@ -28,8 +29,8 @@ from flashprop.harness.check import (
     reference_for,
     yardstick_precision,
 )
-from flashprop.harness.symptoms import Relation
-from flashprop.harness.tolerance import Conditioning, budget
+from .symptoms import Relation
+from .tolerance import Conditioning, budget
 
 #: Forward tensors the metamorphic properties compare.
 FORWARD = ("o", "lse")

@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, NoReturn
 
 import hypothesis.core
 import pytest
-from flashprop.contract.capabilities import Capabilities, Limit
-from flashprop.harness import compile_locks
-from flashprop.harness.failures import Failure
-from flashprop.harness.report import autosave, merge_rows, note_cause, note_current, record, save_now
+
+from ..contract.capabilities import Capabilities, Limit
+from . import compile_locks
+from .failures import Failure
+from .report import autosave, merge_rows, note_cause, note_current, record, save_now
 
 if TYPE_CHECKING:  # pragma: no cover
-    from flashprop.contract.registry import Kernel
+    from ..contract.registry import Kernel
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"

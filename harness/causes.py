@@ -55,9 +55,9 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
-from flashprop.contract.problem import Problem
-from flashprop.harness import diagnosis, symptoms
-from flashprop.harness.failures import Failure
+from ..contract.problem import Problem
+from . import diagnosis, symptoms
+from .failures import Failure
 
 #: The cause key of failures without one that share their shrunk problem: this, then the problem.
 PROBLEM_PREFIX = "problem: "

@@ -18,15 +18,27 @@ from pathlib import Path
 
 import pytest
 import torch
-from flashprop.contract.outputs import mismatch as output_mismatch
-from flashprop.contract.outputs import mismatches as output_mismatches
-from flashprop.contract.problem import KernelInputs, Problem
-from flashprop.contract.registry import Kernel
-from flashprop.harness import campaign, timebox
-from flashprop.harness.campaign import current_shard, database_key, end_worker, stop_if_asked
-from flashprop.harness.diagnosis import diagnose, diagnose_gradients
-from flashprop.harness.failures import Failure
-from flashprop.harness.report import (
+from hypothesis import Phase, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+
+from ..contract.outputs import mismatch as output_mismatch
+from ..contract.outputs import mismatches as output_mismatches
+from ..contract.problem import KernelInputs, Problem
+from ..contract.registry import Kernel
+from ..refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from ..refimpl.layouts import (
+    kvcache_golden,
+    kvcache_yardstick,
+    varlen_golden,
+    varlen_golden_backward,
+    varlen_yardstick,
+)
+from . import campaign, timebox
+from .campaign import current_shard, database_key, end_worker, stop_if_asked
+from .diagnosis import diagnose, diagnose_gradients
+from .failures import Failure
+from .report import (
     TALLIES,
     begin,
     expect,
@@ -34,20 +46,9 @@ from flashprop.harness.report import (
     noting,
     record,
 )
-from flashprop.harness.strategies import DRAWN
-from flashprop.harness.symptoms import Relation, Symptom
-from flashprop.harness.tolerance import Comparison, Conditioning, compare, conditioning
-from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
-from flashprop.refimpl.layouts import (
-    kvcache_golden,
-    kvcache_yardstick,
-    varlen_golden,
-    varlen_golden_backward,
-    varlen_yardstick,
-)
-from hypothesis import Phase, example, given, settings
-from hypothesis import strategies as st
-from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
+from .strategies import DRAWN
+from .symptoms import Relation, Symptom
+from .tolerance import Comparison, Conditioning, compare, conditioning
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
 REFERENCES = {

@@ -45,7 +45,7 @@ class CompileStats:
 
     def line(self) -> str:
         """What each process prints at its end (``flashprop: `` before it): :meth:`parse` and
-        ``python -m harness.compile_locks LOG...`` read it back."""
+        ``python -m flashprop.harness.compile_locks LOG...`` read it back."""
         return (f"Triton: {self.variants} kernel variants compiled or loaded in "
                 f"{self.compile_seconds:.0f} s, {self.wait_seconds:.0f} s waiting for other "
                 f"processes' compilations ({self.waited} variants)")
@@ -165,7 +165,7 @@ def summary(logs: list[str]) -> str:
             f"other processes ({total.waited} variants)")
 
 
-if __name__ == "__main__":  # python -m harness.compile_locks LOG...: the summed line
+if __name__ == "__main__":  # python -m flashprop.harness.compile_locks LOG...: the summed line
     line = summary([open(path, errors="replace").read() for path in sys.argv[1:]])
     if line:
         print(line)

@@ -37,11 +37,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from flashprop.contract.problem import KernelInputs, Problem
-from flashprop.harness.symptoms import FORWARD
-from flashprop.harness.tolerance import Comparison, budget, conditioning
-from flashprop.refimpl import attention_golden, attention_yardstick
-from flashprop.refimpl.layouts import kvcache_apply, varlen_apply
+
+from ..contract.problem import KernelInputs, Problem
+from ..refimpl import attention_golden, attention_yardstick
+from ..refimpl.layouts import kvcache_apply, varlen_apply
+from .symptoms import FORWARD
+from .tolerance import Comparison, budget, conditioning
 
 Golden = tuple[torch.Tensor, torch.Tensor]
 #: A dense attention ``fn(q, k, v, **kw) -> (o, lse)`` on (B, H, N, D) tensors, with the

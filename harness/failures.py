@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from flashprop.harness.symptoms import Relation, Symptom
+from .symptoms import Relation, Symptom
 
 #: The line of a failure report after which comes the command that replays it alone.
 REPLAY_HEADER = "replay this property on this problem alone:"

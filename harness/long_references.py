@@ -17,10 +17,11 @@ import math
 from dataclasses import dataclass
 
 import torch
-from flashprop.harness.check import Outputs, yardstick_precision
-from flashprop.harness.tolerance import Comparison, Conditioning, compare
-from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
-from flashprop.refimpl.masks import causal_offset
+
+from ..refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from ..refimpl.masks import causal_offset
+from .check import Outputs, yardstick_precision
+from .tolerance import Comparison, Conditioning, compare
 
 #: Largest (B, Hq, Nq, chunk) float64 block the golden makes at once: 2 GiB.
 GOLDEN_BLOCK_ELEMENTS = 2**28

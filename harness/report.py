@@ -19,9 +19,9 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 
-from flashprop.harness import timebox
-from flashprop.harness.causes import Group, group
-from flashprop.harness.failures import Failure
+from . import timebox
+from .causes import Group, group
+from .failures import Failure
 
 OUTCOMES = ("passed", "refused", "failed")
 #: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
@@ -420,7 +420,7 @@ def begin(kernel: str, prop: str, problem: str, replay: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harness.report TALLY.json...``: the merged table, then the failures by
+    """``python -m flashprop.harness.report TALLY.json...``: the merged table, then the failures by
     cause; exit 1 if any failed."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("tallies", nargs="+", help="files written by pytest --tally-json")

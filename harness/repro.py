@@ -15,10 +15,11 @@ import subprocess
 import sys
 
 import torch
-from flashprop.contract.problem import Problem
-from flashprop.contract.registry import Kernel
-from flashprop.harness.check import GRADIENTS, Outputs, judge
-from flashprop.harness.scale_problems import SPREAD_LAYOUTS
+
+from ..contract.problem import Problem
+from ..contract.registry import Kernel
+from .check import GRADIENTS, Outputs, judge
+from .scale_problems import SPREAD_LAYOUTS
 
 #: The outputs a repro may judge, in the order they are printed.
 JUDGEABLE = ("o", "lse", *GRADIENTS)

@@ -45,11 +45,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from flashprop.contract.capabilities import Capabilities
-from flashprop.contract.problem import KernelInputs, Problem
-from flashprop.harness.strategies import Sizes, problems
 from hypothesis import assume
 from hypothesis import strategies as st
+
+from ..contract.capabilities import Capabilities
+from ..contract.problem import KernelInputs, Problem
+from .strategies import Sizes, problems
 
 #: The first element offset a signed 32-bit integer cannot hold.
 BOUNDARY = 2**31

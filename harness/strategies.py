@@ -23,10 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from flashprop.contract.capabilities import ALL_DTYPES, Capabilities
-from flashprop.contract.problem import DISTRIBUTIONS, LAYOUTS, Problem
 from hypothesis import assume, reject
 from hypothesis import strategies as st
+
+from ..contract.capabilities import ALL_DTYPES, Capabilities
+from ..contract.problem import DISTRIBUTIONS, LAYOUTS, Problem
 
 #: Head dims worth trying first: odd, non-power-of-two and the common ones.
 FAVOURITE_HEAD_DIMS = (1, 8, 16, 24, 32, 40, 64, 72, 80, 96, 128, 200, 256)

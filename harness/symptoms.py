@@ -32,7 +32,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from flashprop.harness.tolerance import Comparison
+
+from .tolerance import Comparison
 
 PREFIX = "off the golden: "
 _WITHIN = "; within budget: "

@@ -46,7 +46,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
-from flashprop.contract.problem import Problem
+
+from ..contract.problem import Problem
 
 #: r: allowed multiple of the yardstick's error, per tensor and dtype. In fp16/bf16 the kernel's
 #: fp32 accumulation beats the yardstick, as in FlashAttention's tests (2 forward, 3 backward).

@@ -24,10 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from flashprop.contract.problem import SINKS, KernelInputs, Problem
-from flashprop.contract.variants import MODIFIERS
-from flashprop.harness.strategies import (
+from hypothesis import assume, reject
+from hypothesis import strategies as st
+
+from ..contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from ..contract.problem import SINKS, KernelInputs, Problem
+from ..contract.variants import MODIFIERS
+from .strategies import (
     DEFAULT_SIZES,
     Derive,
     Related,
@@ -38,8 +41,6 @@ from flashprop.harness.strategies import (
     edge_lengths,
     problems,
 )
-from hypothesis import assume, reject
-from hypothesis import strategies as st
 
 SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 1000.0)
 ALIBI_MAX_SLOPES = (0.0, 1e-3, 0.25, 1.0, 8.0)

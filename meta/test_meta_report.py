@@ -262,7 +262,7 @@ def test_a_skip_reason_keeps_its_first_line():
 
 def test_tallies_of_older_runs_merge_and_skips_add_up(tallies, tmp_path: Path, capsys):
     """Rows without ``asked`` (written before it existed) merge; asked examples and skip reasons
-    of several processes add up; ``python -m harness.report`` prints the failures by cause."""
+    of several processes add up; ``python -m flashprop.harness.report`` prints the failures by cause."""
     old = {"kernel": "k", "property": "forward", "passed": 2, "refused": 0, "failed": 0, "seconds": 1.0,
            "last_failure": None, "skipped": []}
     new = {**old, "failed": 1, "asked": 3, "skipped": ["time box"],

@@ -752,6 +752,7 @@ def build(mutant: Mutant) -> Callable:
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     module = types.ModuleType(f"mutants.built.{mutant.name}", mutant.doc)
     module.__file__ = filename
+    module.__package__ = "flashprop." + Path(mutant.target).parent.name  # its relative imports' home
     sys.modules[module.__name__] = module
     exec(compile(source, filename, "exec"), module.__dict__)
     return module.attention

@@ -55,11 +55,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 import torch
-from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from flashprop.contract.validate import check_decode, check_dense, check_variants, check_varlen
-from flashprop.refimpl.golden import default_scale
-from flashprop.refimpl.masks import causal_offset
-from flashprop.refimpl.online_softmax import merge_partials
+
+from ..contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from ..contract.validate import check_decode, check_dense, check_variants, check_varlen
+from .golden import default_scale
+from .masks import causal_offset
+from .online_softmax import merge_partials
 
 NEG_INF = float("-inf")
 TILES = (3, 16, 32, 64, 128)

@@ -31,9 +31,10 @@ from __future__ import annotations
 import math
 
 import torch
-from flashprop.contract.validate import check_dense
-from flashprop.refimpl.masks import mask_mod, score_mod
-from flashprop.refimpl.online_softmax import NEG_INF, SoftmaxState
+
+from ..contract.validate import check_dense
+from .masks import mask_mod, score_mod
+from .online_softmax import NEG_INF, SoftmaxState
 
 DEFAULT_CHUNK = 1024
 

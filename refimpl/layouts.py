@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-from flashprop.refimpl.golden import attention_golden, attention_golden_backward
-from flashprop.refimpl.yardstick import attention_yardstick
+
+from .golden import attention_golden, attention_golden_backward
+from .yardstick import attention_yardstick
 
 Dense = Callable[..., tuple[torch.Tensor, ...]]
 

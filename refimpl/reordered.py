@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-from flashprop.refimpl import blocked
+
+from . import blocked
 
 #: Columns of the head dim per tile of the D-tiled products: 3 divides none of the drawn powers
 #: of two, so most problems have a ragged last D tile.

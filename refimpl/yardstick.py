@@ -11,9 +11,10 @@ through it, in the input dtype. Variants are applied with the golden's mods
 from __future__ import annotations
 
 import torch
-from flashprop.contract.validate import check_dense
-from flashprop.refimpl.golden import default_scale, expand_kv
-from flashprop.refimpl.masks import mask_mod, score_mod
+
+from ..contract.validate import check_dense
+from .golden import default_scale, expand_kv
+from .masks import mask_mod, score_mod
 
 
 def attention_yardstick(
