@@ -13,7 +13,10 @@ To add a property:
 3. Write ``check(kernel, problem)``: call the kernel through ``harness.check.run_kernel`` and judge the
    outputs with ``check.assert_close_to_golden`` (the float64 golden of ``refimpl`` within the
    tolerance model), or compare two runs with ``agreement.py``; anything else that fails raises
-   ``check.PropertyFailure`` with ``check.failure``'s message (problem, details, repro).
+   ``check.PropertyFailure`` with ``check.failure``'s record (``harness/failures.py``: the
+   problem, the detail lines, and what names the cause where the property knows it: an
+   ``error=``, a ``symptom=`` of a comparison with the golden, a ``relation=`` of two runs; the
+   repro and replay command are added).
 4. Hand ``check`` to ``check.run_property`` with a short property name (the tables, ``--replay``
    and campaigns know it by that name) and the problems, from ``strategies.problems`` (or
    ``variant_problems``) for the kernel's capabilities, ``device`` and ``sizes``; ``weight``
