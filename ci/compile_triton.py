@@ -188,9 +188,9 @@ def decode_cases() -> list[tuple]:
     """The KV-cache decode kernels (``kernels/triton_decode.py``) with the parameters and launch
     options ``partial_meta`` / ``combine_meta`` give them: the partial kernel on a paged and a
     contiguous cache, with and without a combine after it, in bf16 (D = 128, the benchmarks'
-    specialised kernel too), fp16 (D = 200: masked head dims; causal), each variant alone and all
-    on (fp16 and fp64: the sinks with no combine, in the partial; with one, in the combine), and
-    the combine in bf16 and fp64."""
+    specialised kernel too), fp16 (D = 200: masked head dims; causal), softcap and ALiBi alone
+    (the score branch without the other) and every variant on (fp16 and fp64; with no combine the
+    sinks enter the partial, with one the combine), and the combine in bf16 and fp64."""
     from flashprop.kernels import triton_decode as td
 
     window, slopes, sinks = (8, 0), torch.empty(1), torch.empty(1)
@@ -200,10 +200,8 @@ def decode_cases() -> list[tuple]:
         ("paged, combine", torch.bfloat16, 128, True, True, plain),
         ("contiguous, no combine", torch.bfloat16, 128, False, False, plain),
         ("paged, causal", torch.float16, 200, True, True, ta._Mods(True)),
-        ("contiguous, window alone", torch.bfloat16, 64, False, True, ta._Mods(False, window)),
         ("paged, softcap alone", torch.bfloat16, 64, True, True, ta._Mods(False, softcap=30.0)),
         ("contiguous, ALiBi alone", torch.bfloat16, 64, False, True, ta._Mods(False, slopes=slopes)),
-        ("paged, sinks, no combine", torch.float16, 64, True, False, ta._Mods(False, sinks=sinks)),
         ("paged, all variants", torch.float16, 64, True, True, variants),
         ("contiguous, all variants, no combine", torch.float16, 64, False, False, variants),
         ("paged, all variants", torch.float64, 64, True, True, variants),
