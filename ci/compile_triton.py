@@ -12,8 +12,9 @@ rows are 16-byte multiples; the three passes with 64-bit row offsets (``WIDE_ROW
 the three passes in fp32 at d = 64 (IEEE dots, the slowest to build); the first
 autotuning config of each tuned kernel at d = 128 (the forward with and without TMA)
 specialised as Triton's launcher would for a contiguous problem (unit strides constant, the
-rest multiples of 16); the variants (window, softcap, ALiBi, sinks: :func:`variant_cases`); and
-the KV-cache decode kernels (:func:`decode_cases`).
+rest multiples of 16); the variants (window, softcap, ALiBi, sinks: :func:`variant_cases`);
+varlen, alone and with every variant (:func:`varlen_cases`); and the KV-cache decode kernels
+(:func:`decode_cases`).
 Also checks that the forward's
 autotuner ignores TRITON_CACHE_AUTOTUNING and that every autotuning key names a parameter.
 Prints shared memory per kernel; exits 1 on the first failure.
@@ -49,6 +50,8 @@ FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
 INT32_POINTERS = {"Table", "Lengths"}
 #: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md).
 ALWAYS_FP32_POINTERS = {"Slopes", "Sinks"}
+#: A varlen launch's int32 cu_seqlens.
+INDEX_POINTERS = {"CuSeqQ", "CuSeqK"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2"}
 WINDOW_SIDES = {"win_left", "win_right"}
 DTYPE = torch.bfloat16
@@ -73,6 +76,8 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
             out[name] = "constexpr"
         elif name in boxes:
             out[name] = "tensordesc<bf16[1, 1, {}, {}]>".format(*boxes[name])
+        elif name in INDEX_POINTERS:
+            out[name] = "*i32"
         elif name in POINTERS:
             # lse, Delta and dlse are fp32 buffers, fp64 in an fp64 problem
             wide = "fp64" if pointer == "fp64" else "fp32"
@@ -138,15 +143,15 @@ ALL_VARIANTS = {"window": True, "softcap": True, "alibi": True, "sinks": True}
 
 def compile_meta(d: int, dv: int, tma: bool = False, dtype: torch.dtype = DTYPE,
                  causal: bool = True, window: bool = False, softcap: bool = False,
-                 alibi: bool = False, sinks: bool = False) -> dict:
+                 alibi: bool = False, sinks: bool = False, varlen: bool = False) -> dict:
     """The kernel's own compile-time parameters for a problem of these head dims, dtype (bf16),
-    causality (causal) and variants (none) (``tma``: the forward reads through tensor
-    descriptors). A window carries causality itself (``kernels.triton_attention.resolve_band``), so
-    ``window`` turns CAUSAL off."""
+    causality (causal) and variants (none; ``varlen``: a pack whose longest sequences are as
+    long) (``tma``: the forward reads through tensor descriptors). A window carries causality
+    itself (``kernels.triton_attention.resolve_band``), so ``window`` turns CAUSAL off."""
     q = torch.empty((1, 1, 4096, d), dtype=dtype, device="meta")
     v = torch.empty((1, 1, 4096, dv), dtype=dtype, device="meta")
     meta = ta.launch_meta(q, v, causal=causal and not window, window=window, softcap=softcap,
-                          alibi=alibi)
+                          alibi=alibi, varlen=(4096, 4096) if varlen else None)
     return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma,
             "SINKS": sinks}
 
@@ -181,6 +186,36 @@ def variant_cases(passes: dict) -> list[tuple]:
     for variant in ("softcap", "alibi"):
         cases.append((f"fwd d=64 64x64 {variant} alone, unspecialised", passes["fwd"].plain,
                       {**compile_meta(64, 64, **{variant: True}), **tiles}, options, False, "bf16"))
+    return cases
+
+
+def varlen_cases(passes: dict) -> list[tuple]:
+    """Varlen (packed sequences, never TMA): every pass with VARLEN alone and with every variant
+    on, as explicit tiles, an autotuning config (what a large pack launches) and fp64 compile
+    them; the dK/dV pass with 64-bit row offsets too."""
+    cases = []
+    tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
+    options = ta.explicit_launch_options(64, 64, 64, 64, DTYPE.itemsize)
+    alone, every = compile_meta(64, 64, varlen=True), compile_meta(64, 64, varlen=True, **ALL_VARIANTS)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 64x64 varlen, unspecialised", p.plain, {**alone, **tiles}, options,
+                      False, "bf16"))
+        cases.append((f"{name} d=64 64x64 varlen all variants, unspecialised", p.plain,
+                      {**every, **tiles}, options, False, "bf16"))
+    cases.append(("bwd_dkdv d=64 64x64 varlen WIDE_ROWS, unspecialised", passes["bwd_dkdv"].plain,
+                  {**alone, **tiles, "WIDE_ROWS": True}, options, False, "bf16"))
+    for name, p in passes.items():
+        config = p.configs[0]
+        meta = {**compile_meta(128, 128, varlen=True), **config.kwargs}
+        options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+        cases.append((f"{name} d=128 autotune config {config.kwargs} varlen, specialised", p.jit, meta,
+                      options, True, "bf16"))
+    wide = {"BLOCK_M": 32, "BLOCK_N": 32}  # fp64's fixed tiles
+    options = ta.explicit_launch_options(32, 32, 64, 64, torch.float64.itemsize)
+    every = compile_meta(64, 64, dtype=torch.float64, varlen=True, **ALL_VARIANTS)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 fp64 32x32 varlen all variants, unspecialised", p.plain,
+                      {**every, **wide}, options, False, "fp64"))
     return cases
 
 
@@ -266,6 +301,7 @@ def main() -> int:
                   options, True, "bf16"))
     cases += variant_cases(passes)
     cases += decode_cases()
+    cases += varlen_cases(passes)
 
     if passes["fwd"].tuned.cache_results:
         print("compile-triton: FAILED the forward's autotuner caches to disk under "

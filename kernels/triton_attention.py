@@ -30,7 +30,14 @@ and in the backward the softcap's derivative, dS <- dS * (1 - tanh^2) (ALiBi and
 additive), and the sinks' gradient dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi (Delta as
 above, dlse included). Key tiles outside a window are skipped by the loop bounds, as the
 causal ones are. Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``,
-``SINKS``): off, the kernels compile exactly the dense code.
+``SINKS``, ``VARLEN``): off, the kernels compile exactly the dense code.
+
+Varlen (``varlen``, ``flash_attn_varlen_func``'s signature; ``VARLEN``): sequence s of a pack is
+queries cu_q[s]:cu_q[s + 1] and keys cu_k[s]:cu_k[s + 1] of token-major tensors, and everything
+above holds for each sequence alone with its own Nq_s, Nk_s and c = Nk_s - Nq_s. The grids run
+over the longest sequences' tiles times sequences times heads; each program reads its
+sequence's bounds from cu_seqlens and exits at once when its tile lies past the sequence's
+end; tiles address the sequence's rows from its first token, so the loops are the dense ones.
 
 Conventions (the flashprop kernel contract: the README's conventions table):
 
@@ -46,6 +53,11 @@ Conventions (the flashprop kernel contract: the README's conventions table):
 * window_size=(left, right) is bottom-right aligned too; with causal the right edge is the
   diagonal. The host folds it into one band ``i + c - left <= j <= i + c + right`` with both
   sides finite (an unbounded side becomes one that cuts nothing): :func:`resolve_band`.
+* varlen: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), any strides; int32 cu_seqlens_q/k
+  of B + 1 entries from 0 to Tq, Tk (zero-length sequences legal, checked on the host:
+  ``contract.validate.check_varlen``); o (Tq, Hq, Dv) token-major, lse (Hq, Tq). Causal and
+  the window are bottom-right aligned per sequence; (B, Hq) ALiBi slopes give sequence s row s;
+  a sequence with no key gets o = 0, lse = -inf (or z_h), one with no query nothing. Never TMA.
 * alibi_slopes and sinks are float32 whatever the inputs' dtype; sinks.grad is float32.
 * fp16/bf16 inputs accumulate in fp32; fp32 uses ``tl.dot(input_precision="ieee")`` (no tf32);
   fp64 runs in fp64 throughout (so gradcheck can run on the kernel). lse is fp32 (fp64 for
@@ -62,9 +74,9 @@ Stages of this file:
      (``PASSES``) with ``launch_meta``, ``resolve_tiles``, ``padded_head_dim`` and
      ``explicit_launch_options``: the public API of the tuning and compilation tools in ci/
   7. host side: input checks, the variants as the kernels take them (``resolve_band``, also
-     the tools' API), launchers, autograd, ``attention`` and its capabilities
+     the tools' API), launchers, autograd, ``attention``, ``varlen`` and the capabilities
 
-Forward memory access: 16-bit q, k, v (and o) whose rows and strides are 16-byte aligned go
+Forward memory access: dense 16-bit q, k, v (and o) whose rows and strides are 16-byte aligned go
 through 4-D TMA tensor descriptors (Hopper's copy engine: it zero-fills rows and head-dim
 columns past the tensor, so those loads need no masks); any other layout through masked
 pointer loads. ``FLASHPROP_TRITON_TMA=0`` forces the pointer loads everywhere (to compare).
@@ -85,7 +97,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
-from flashprop.contract.validate import INT32_ELEMENTS, check_variants, extent
+from flashprop.contract.validate import INT32_ELEMENTS, Variants, check_variants, check_varlen, extent
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -365,6 +377,15 @@ def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
     return pid * BLOCK_M
 
 
+@triton.jit
+def _sequence(CuSeqlens, off_b):
+    """(first token, length) of sequence ``off_b`` of a pack (VARLEN): ``cu[off_b]`` as a 64-bit
+    row index of the packed tensors, ``cu[off_b + 1] - cu[off_b]``."""
+    start = tl.load(CuSeqlens + off_b)
+    end = tl.load(CuSeqlens + off_b + 1)
+    return start.to(tl.int64), end - start
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 2: forward
 # ---------------------------------------------------------------------------------------------
@@ -436,10 +457,10 @@ def _attn_fwd(
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah, Sinks, stride_z,
-    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    SINKS: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    SINKS: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -455,9 +476,15 @@ def _attn_fwd(
     ALIBI, fp32 Slopes of strides (stride_ab, stride_ah); SINKS, fp32 Sinks (Hq,) of stride
     stride_z, each the running max's and sum's start (z_h * log2(e), 1). Unused ones are 0
     (pointers: any tensor).
+
+    VARLEN (never with TMA): a pack of sequences, q, k, v, o token-major (T, H, D) with strides
+    (unused, head, token, dim), the batch index off_b a sequence of int32 CuSeqQ, CuSeqK
+    (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid:
+    (cdiv(max_seqlen_q, BLOCK_M), sequences*Hq); tiles past a sequence's queries exit.
     """
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
+    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's, below)
     if TMA:  # descriptor coordinates are int32; descriptors hold their own strides
         off_b = off_bh // H_Q
         off_h = off_bh % H_Q
@@ -467,9 +494,18 @@ def _attn_fwd(
         off_b = (off_bh // H_Q).to(tl.int64)
         off_h = (off_bh % H_Q).to(tl.int64)
         off_hkv = off_h // GROUP
-        q_base = Q + off_b * stride_qb + off_h * stride_qh
-        k_base = K + off_b * stride_kb + off_hkv * stride_kh
-        v_base = V + off_b * stride_vb + off_hkv * stride_vh
+        if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
+            q_start, n_q = _sequence(CuSeqQ, off_b)
+            k_start, n_k = _sequence(CuSeqK, off_b)
+            if start_m >= n_q:  # a query tile past the sequence's end
+                return
+            q_base = Q + q_start * stride_qm + off_h * stride_qh
+            k_base = K + k_start * stride_kn + off_hkv * stride_kh
+            v_base = V + k_start * stride_vn + off_hkv * stride_vh
+        else:
+            q_base = Q + off_b * stride_qb + off_h * stride_qh
+            k_base = K + off_b * stride_kb + off_hkv * stride_kh
+            v_base = V + off_b * stride_vb + off_hkv * stride_vh
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -478,7 +514,7 @@ def _attn_fwd(
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
 
-    q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q,
+    q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q,
                    head_dim, EVEN_D, True, TMA, WIDE_ROWS)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
     if SINKS:  # the sink: a key of logit z_h with no value, already seen
@@ -490,29 +526,29 @@ def _attn_fwd(
         l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
 
     if WINDOW:
-        lo, full_lo, full_hi, hi = _window_key_range(start_m, N_Q, N_K, win_left, win_right,
+        lo, full_lo, full_hi, hi = _window_key_range(start_m, n_q, n_k, win_left, win_right,
                                                      BLOCK_M, BLOCK_N)
         # the window's left edge: masked
         acc, m_i, l_i = _fwd_inner(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
-            off_hkv, offs_m, lo, full_lo, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            off_hkv, offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
             True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
         )
     else:
         full_lo = 0
-        full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+        full_hi, hi = _key_range(start_m, n_q, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     # whole tiles every row sees: no masks
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
-        off_hkv, offs_m, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        off_hkv, offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
         False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
     )
     # the diagonal (or the window's right edge) and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
-        off_hkv, offs_m, full_hi, hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        off_hkv, offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
         True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
     )
@@ -525,10 +561,17 @@ def _attn_fwd(
     if TMA:  # the copy engine drops rows and columns past the tensor
         Out.store([off_b, off_h, start_m, 0], o.to(Out.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))
     else:
-        o_base = Out + off_b * stride_ob + off_h * stride_oh
-        _store_tile(o_base, o, start_m, offs_m, offs_dv, stride_om, stride_od, N_Q, head_dim_v,
+        if VARLEN:
+            o_base = Out + q_start * stride_om + off_h * stride_oh
+        else:
+            o_base = Out + off_b * stride_ob + off_h * stride_oh
+        _store_tile(o_base, o, start_m, offs_m, offs_dv, stride_om, stride_od, n_q, head_dim_v,
                     WIDE_ROWS)
-    tl.store(LSE + off_bh.to(tl.int64) * N_Q + offs_m, lse, mask=offs_m < N_Q)
+    if VARLEN:  # lse (Hq, Tq): head off_h's row, from the sequence's first query
+        lse_ptrs = LSE + off_h * N_Q + q_start + offs_m
+    else:  # lse (B, Hq, Nq)
+        lse_ptrs = LSE + off_bh.to(tl.int64) * N_Q + offs_m
+    tl.store(lse_ptrs, lse, mask=offs_m < n_q)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -652,67 +695,89 @@ def _attn_bwd_dkdv(
     H_KV, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
-    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
     read it (each with its own ALiBi slope). WIDE_ROWS: 64-bit row offsets
     (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_fwd`'s (sinks do not
-    enter: the lse they changed is the forward's). Grid: (cdiv(Nk, BLOCK_N), B*Hkv)."""
+    enter: the lse they changed is the forward's). Grid: (cdiv(Nk, BLOCK_N), B*Hkv).
+
+    VARLEN: sequence off_b of a pack, as :func:`_attn_fwd` takes it (LSE2, DELTA (Hq, Tq));
+    grid (cdiv(max_seqlen_k, BLOCK_N), sequences*Hkv), tiles past the sequence's keys exit."""
     start_n = tl.program_id(0) * BLOCK_N
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_KV).to(tl.int64)
     off_hkv = (off_bh % H_KV).to(tl.int64)
+    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
+    if VARLEN:
+        q_start, n_q = _sequence(CuSeqQ, off_b)
+        k_start, n_k = _sequence(CuSeqK, off_b)
+        if start_n >= n_k:  # a key tile past the sequence's end
+            return
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
 
-    k = _load_tile(K + off_b * stride_kb + off_hkv * stride_kh, start_n, offs_n, offs_d,
-                   stride_kn, stride_kd, N_K, head_dim, EVEN_D, True, WIDE_ROWS)
-    v = _load_tile(V + off_b * stride_vb + off_hkv * stride_vh, start_n, offs_n, offs_dv,
-                   stride_vn, stride_vd, N_K, head_dim_v, EVEN_DV, True, WIDE_ROWS)
+    if VARLEN:
+        k_base = K + k_start * stride_kn + off_hkv * stride_kh
+    else:
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    k = _load_tile(k_base, start_n, offs_n, offs_d, stride_kn, stride_kd, n_k, head_dim, EVEN_D,
+                   True, WIDE_ROWS)
+    if VARLEN:
+        v_base = V + k_start * stride_vn + off_hkv * stride_vh
+    else:
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    v = _load_tile(v_base, start_n, offs_n, offs_dv, stride_vn, stride_vd, n_k, head_dim_v,
+                   EVEN_DV, True, WIDE_ROWS)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
 
     if WINDOW:  # query tiles [lo, full_lo) and [full_hi, hi) masked, whole ones between
-        lo, full_lo, full_hi, hi = _window_query_range(start_n, N_Q, N_K, win_left, win_right,
+        lo, full_lo, full_hi, hi = _window_query_range(start_n, n_q, n_k, win_left, win_right,
                                                        BLOCK_M, BLOCK_N)
     else:
         # Query tiles that see this key tile: rows i >= start_n - offset see key start_n; rows
         # i >= start_n + BLOCK_N - 1 - offset see the whole tile (unmasked from full_lo on).
         if CAUSAL:
-            offset = N_K - N_Q
+            offset = n_k - n_q
             lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
             full_lo = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
             full_lo = tl.maximum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, lo)
         else:
             lo = 0
             full_lo = 0
-        full_hi = N_Q
-    masked_hi = tl.minimum(full_lo, N_Q)
+        full_hi = n_q
+    masked_hi = tl.minimum(full_lo, n_q)
 
     for g in range(0, GROUP):
         off_h = off_hkv * GROUP + g
-        rows = (off_b * H_KV * GROUP + off_h) * N_Q
-        q_base = Q + off_b * stride_qb + off_h * stride_qh
-        do_base = DO + off_b * stride_dob + off_h * stride_doh
+        if VARLEN:  # LSE2, DELTA (Hq, Tq)
+            rows = off_h * N_Q + q_start
+            q_base = Q + q_start * stride_qm + off_h * stride_qh
+            do_base = DO + q_start * stride_dom + off_h * stride_doh
+        else:
+            rows = (off_b * H_KV * GROUP + off_h) * N_Q
+            q_base = Q + off_b * stride_qb + off_h * stride_qh
+            do_base = DO + off_b * stride_dob + off_h * stride_doh
         slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
-            offs_n, lo, masked_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            offs_n, lo, masked_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
             True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
         )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
-            offs_n, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            offs_n, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
             False, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
         )
@@ -720,16 +785,24 @@ def _attn_bwd_dkdv(
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
                 stride_qm, stride_qd, stride_dom, stride_dod,
-                offs_n, full_hi, hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+                offs_n, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
                 head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
                 True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
             )
 
     dk = dk * tl.full([], sm_scale, ACC_DTYPE)
-    _store_tile(DK + off_b * stride_dkb + off_hkv * stride_dkh, dk, start_n, offs_n, offs_d,
-                stride_dkn, stride_dkd, N_K, head_dim, WIDE_ROWS)
-    _store_tile(DV + off_b * stride_dvb + off_hkv * stride_dvh, dv, start_n, offs_n, offs_dv,
-                stride_dvn, stride_dvd, N_K, head_dim_v, WIDE_ROWS)
+    if VARLEN:
+        dk_base = DK + k_start * stride_dkn + off_hkv * stride_dkh
+    else:
+        dk_base = DK + off_b * stride_dkb + off_hkv * stride_dkh
+    _store_tile(dk_base, dk, start_n, offs_n, offs_d, stride_dkn, stride_dkd, n_k, head_dim,
+                WIDE_ROWS)
+    if VARLEN:
+        dv_base = DV + k_start * stride_dvn + off_hkv * stride_dvh
+    else:
+        dv_base = DV + off_b * stride_dvb + off_hkv * stride_dvh
+    _store_tile(dv_base, dv, start_n, offs_n, offs_dv, stride_dvn, stride_dvd, n_k, head_dim_v,
+                WIDE_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -791,66 +864,91 @@ def _attn_bwd_dq(
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
-    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
     (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_bwd_dkdv`'s.
-    Grid: (cdiv(Nq, BLOCK_M), B*Hq)."""
+    Grid: (cdiv(Nq, BLOCK_M), B*Hq); VARLEN: as :func:`_attn_fwd`'s (LSE2, DELTA (Hq, Tq))."""
     start_m = _query_tile_start(BLOCK_M, CAUSAL)
     off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
     off_hkv = off_h // GROUP
+    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
+    if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
+        q_start, n_q = _sequence(CuSeqQ, off_b)
+        k_start, n_k = _sequence(CuSeqK, off_b)
+        if start_m >= n_q:  # a query tile past the sequence's end
+            return
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    rows = off_bh.to(tl.int64) * N_Q + offs_m
+    if VARLEN:  # LSE2, DELTA (Hq, Tq)
+        rows = off_h * N_Q + q_start + offs_m
+    else:
+        rows = off_bh.to(tl.int64) * N_Q + offs_m
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
 
-    q = _load_tile(Q + off_b * stride_qb + off_h * stride_qh, start_m, offs_m, offs_d,
-                   stride_qm, stride_qd, N_Q, head_dim, EVEN_D, True, WIDE_ROWS)
-    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, start_m, offs_m, offs_dv,
-                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True, WIDE_ROWS)
-    lse2 = tl.load(LSE2 + rows, mask=offs_m < N_Q, other=0.0)
-    delta = tl.load(DELTA + rows, mask=offs_m < N_Q, other=0.0)
+    if VARLEN:
+        q_base = Q + q_start * stride_qm + off_h * stride_qh
+    else:
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+    q = _load_tile(q_base, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q, head_dim, EVEN_D,
+                   True, WIDE_ROWS)
+    if VARLEN:
+        do_base = DO + q_start * stride_dom + off_h * stride_doh
+    else:
+        do_base = DO + off_b * stride_dob + off_h * stride_doh
+    do = _load_tile(do_base, start_m, offs_m, offs_dv, stride_dom, stride_dod, n_q, head_dim_v,
+                    EVEN_DV, True, WIDE_ROWS)
+    lse2 = tl.load(LSE2 + rows, mask=offs_m < n_q, other=0.0)
+    delta = tl.load(DELTA + rows, mask=offs_m < n_q, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
 
-    k_base = K + off_b * stride_kb + off_hkv * stride_kh
-    v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    if VARLEN:
+        k_base = K + k_start * stride_kn + off_hkv * stride_kh
+        v_base = V + k_start * stride_vn + off_hkv * stride_vh
+    else:
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
     if WINDOW:
-        lo, full_lo, full_hi, hi = _window_key_range(start_m, N_Q, N_K, win_left, win_right,
+        lo, full_lo, full_hi, hi = _window_key_range(start_m, n_q, n_k, win_left, win_right,
                                                      BLOCK_M, BLOCK_N)
         # the window's left edge: masked
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-            offs_m, lo, full_lo, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+            offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
             True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
         )
     else:
         full_lo = 0
-        full_hi, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+        full_hi, hi = _key_range(start_m, n_q, n_k, BLOCK_M, BLOCK_N, CAUSAL)
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
         False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
     )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, full_hi, hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,
+        offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
         True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
     )
     dq = dq * tl.full([], sm_scale, ACC_DTYPE)
-    _store_tile(DQ + off_b * stride_dqb + off_h * stride_dqh, dq, start_m, offs_m, offs_d,
-                stride_dqm, stride_dqd, N_Q, head_dim, WIDE_ROWS)
+    if VARLEN:
+        dq_base = DQ + q_start * stride_dqm + off_h * stride_dqh
+    else:
+        dq_base = DQ + off_b * stride_dqb + off_h * stride_dqh
+    _store_tile(dq_base, dq, start_m, offs_m, offs_d, stride_dqm, stride_dqd, n_q, head_dim,
+                WIDE_ROWS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1003,7 +1101,7 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 
 #: What the autotuner keys its tunings on (each pass takes those of its own parameters).
 _TUNING_KEY = ("BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "WINDOW", "SOFTCAP", "ALIBI",
-               "SINKS", "SEQ_CLASS", "TMA", "WIDE_ROWS")
+               "SINKS", "VARLEN", "SEQ_CLASS", "TMA", "WIDE_ROWS")
 
 
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
@@ -1116,11 +1214,52 @@ Tiles = tuple[int, int] | None  # (BLOCK_M, BLOCK_N), or None for the autotuner
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
                   block_m: int | None, block_n: int | None) -> Tiles:
     """Refuse what the kernels do not support, naming it; return the tiles to launch with."""
+    _check_tensors(q, k, v, "(B, H, N, D)")
+    (b, hq, nq, d), (bk, hkv, nk, dk), (bv, hv, nv, dv) = q.shape, k.shape, v.shape
+    if not b == bk == bv:
+        raise ValueError(f"batch sizes differ: q {b}, k {bk}, v {bv}")
+    if hkv != hv or nk != nv:
+        raise ValueError(f"k and v must have the same heads and length, got {k.shape}, {v.shape}")
+    if d != dk:
+        raise ValueError(f"q and k head dims differ: {d} vs {dk}")
+    if min(b, hq, hkv, nq, nk, d, dv) == 0:
+        raise ValueError(f"empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if hq % hkv != 0:
+        raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv} (GQA)")
+    _check_launch(q, k, v, b * hq, scale, block_m, block_n)
+    return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
+
+
+def _check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                         cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                         scale: float | None, block_m: int | None,
+                         block_n: int | None) -> tuple[int, Tiles]:
+    """:func:`_check_inputs` for packed (T, H, D) tensors and their sequence boundaries
+    (``contract.validate.check_varlen``); returns the number of sequences and the tiles,
+    chosen as for a dense problem of the longest sequences (``max_seqlen_q``, ``max_seqlen_k``).
+    Empty sequences, and packs of no query or no key at all, are legal."""
+    _check_tensors(q, k, v, "(T, H, D)")
+    count = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    hq, d, dv = q.shape[1], q.shape[2], v.shape[2]
+    if min(hq, d, dv) == 0:
+        raise ValueError(f"empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}")
+    if max(max_seqlen_q, max_seqlen_k) > INT32_ELEMENTS:
+        raise NotImplementedError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k}: "
+                                  "sequences longer than 2^31 - 1 tokens are not supported")
+    _check_launch(q, k, v, count * hq, scale, block_m, block_n)
+    return count, resolve_tiles(max_seqlen_q, max_seqlen_k, d, dv, q.dtype, block_m, block_n)
+
+
+def _check_tensors(q: Tensor, k: Tensor, v: Tensor, layout: str) -> None:
+    """q, k, v: tensors of the ``layout``'s rank, of one supported dtype and device."""
+    rank = len(layout.split(","))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.ndim != 4:
-            raise ValueError(f"{name} must be 4-D (B, H, N, D), got shape {tuple(t.shape)}")
+        if t.ndim != rank:
+            raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in _ALL_DTYPES:
@@ -1137,30 +1276,24 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
     if INTERPRET and q.dtype == torch.bfloat16:
         raise NotImplementedError(f"bfloat16 under the interpreter: {_BF16_INTERPRETER_REASON}")
 
-    (b, hq, nq, d), (bk, hkv, nk, dk), (bv, hv, nv, dv) = q.shape, k.shape, v.shape
-    if not b == bk == bv:
-        raise ValueError(f"batch sizes differ: q {b}, k {bk}, v {bv}")
-    if hkv != hv or nk != nv:
-        raise ValueError(f"k and v must have the same heads and length, got {k.shape}, {v.shape}")
-    if d != dk:
-        raise ValueError(f"q and k head dims differ: {d} vs {dk}")
-    if min(b, hq, hkv, nq, nk, d, dv) == 0:
-        raise ValueError(f"empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}")
-    if hq % hkv != 0:
-        raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv} (GQA)")
+
+def _check_launch(q: Tensor, k: Tensor, v: Tensor, slices: int, scale: float | None,
+                  block_m: int | None, block_n: int | None) -> None:
+    """What the launch needs of shape-checked inputs of either layout: head dims up to 256,
+    ``slices`` (batch elements or sequences, times query heads) within the grid, a finite
+    scale, 32-bit column offsets, tile sizes of :data:`TILE_SIZES`."""
+    d, dv = q.shape[-1], v.shape[-1]
     if d > 256 or dv > 256:
         raise NotImplementedError(f"head dims above 256 are not supported (D={d}, Dv={dv})")
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
-    if q.device.type == "cuda" and b * hq > _MAX_GRID_Y:
-        raise NotImplementedError(f"batch * heads = {b * hq} exceeds the grid limit {_MAX_GRID_Y}")
+    if q.device.type == "cuda" and slices > _MAX_GRID_Y:
+        raise NotImplementedError(f"batch * heads = {slices} exceeds the grid limit {_MAX_GRID_Y}")
     _check_columns(q, k, v)
 
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
         if tile is not None and tile not in TILE_SIZES:
             raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
-    return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
 
 
 def _check_columns(*tensors: Tensor) -> None:
@@ -1191,24 +1324,27 @@ def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
 
 
 def launch_meta(q: Tensor, v: Tensor, causal: bool, *, window: bool = False, softcap: bool = False,
-                alibi: bool = False) -> dict:
+                alibi: bool = False, varlen: tuple[int, int] | None = None) -> dict:
     """Keyword parameters shared by the forward and backward kernels of :data:`PASSES` for
     queries like ``q`` and values like ``v`` (shapes and dtype only: meta tensors do): the head
     dims (runtime values) and the compile-time constants, among them the tile widths, which
     every head dim padding to the same width shares (one compilation for D = 65..128, not one
     per D), and the variants' switches (``CAUSAL``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``: a window
-    carries causality itself, :func:`resolve_band`). ``WIDE_ROWS`` is False (32-bit row offsets: what
+    carries causality itself, :func:`resolve_band`; ``VARLEN`` when ``varlen`` gives a pack's
+    ``(max_seqlen_q, max_seqlen_k)``, which then class the sequences, ``SEQ_CLASS``, instead of
+    q's and v's lengths). ``WIDE_ROWS`` is False (32-bit row offsets: what
     a launch whose tensors span at most 2^31 - 1 elements compiles); each launch sets it from
     its own tensors with :func:`wide_rows`. The forward adds ``TMA`` and ``SINKS``; the launch
     adds ``BLOCK_M`` and ``BLOCK_N``."""
     d, dv = q.shape[-1], v.shape[-1]
     block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
+    longest = max(varlen) if varlen is not None else max(q.shape[2], v.shape[2])
     return {
         "head_dim": d, "head_dim_v": dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv,
-        "SEQ_CLASS": int(max(q.shape[2], v.shape[2]) >= _LONG_SEQUENCE),
+        "SEQ_CLASS": int(longest >= _LONG_SEQUENCE),
         "CAUSAL": bool(causal), "WINDOW": bool(window), "SOFTCAP": bool(softcap),
-        "ALIBI": bool(alibi),
+        "ALIBI": bool(alibi), "VARLEN": varlen is not None,
         "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "PRECISION": "ieee",
         "WIDE_ROWS": False,
@@ -1279,6 +1415,23 @@ Window = tuple[int, int] | None  # (win_left, win_right), both finite; None: no 
 
 
 @dataclass(frozen=True)
+class _Pack:
+    """The sequences of a varlen call as the kernels take them (``VARLEN``).
+
+    Attributes:
+        cu_q, cu_k: ``cu_seqlens_q``, ``cu_seqlens_k``: int32 (B + 1,), contiguous.
+        max_q, max_k: ``max_seqlen_q``, ``max_seqlen_k``: the grids' query and key rows.
+        count: the number of sequences B (the grids' batch).
+    """
+
+    cu_q: Tensor
+    cu_k: Tensor
+    max_q: int
+    max_k: int
+    count: int
+
+
+@dataclass(frozen=True)
 class _Mods:
     """The variants of one call as the kernels take them.
 
@@ -1288,6 +1441,7 @@ class _Mods:
         softcap: the cap; 0 is off.
         slopes: float32 ALiBi slopes (Hq,) or (B, Hq), or None.
         sinks: float32 sink logits (Hq,), or None.
+        pack: the sequences of a varlen call (``VARLEN``), or None: a dense call.
     """
 
     causal: bool
@@ -1295,6 +1449,7 @@ class _Mods:
     softcap: float = 0.0
     slopes: Tensor | None = None
     sinks: Tensor | None = None
+    pack: _Pack | None = None
 
 
 def resolve_band(causal: bool, window: Window, nq: int, nk: int) -> tuple[bool, Window]:
@@ -1330,23 +1485,49 @@ def _variant_args(spare: Tensor, mods: _Mods, scale: float) -> tuple:
     return qk_scale, win_left, win_right, mods.softcap * LOG2E, slopes, stride_ab, stride_ah
 
 
-def _switches(q: Tensor, v: Tensor, mods: _Mods) -> dict:
-    """:func:`launch_meta` for ``mods``."""
-    return launch_meta(q, v, mods.causal, window=mods.window is not None, softcap=bool(mods.softcap),
-                       alibi=mods.slopes is not None)
+def _switches(q: Tensor, v: Tensor, mods: _Mods, spare: Tensor) -> dict:
+    """:func:`launch_meta` for ``mods``, and the pointer arguments ``CuSeqQ``, ``CuSeqK`` of the
+    tiled passes (a dense call's point at ``spare``, any tensor of the call)."""
+    pack = mods.pack
+    meta = launch_meta(q, v, mods.causal, window=mods.window is not None, softcap=bool(mods.softcap),
+                       alibi=mods.slopes is not None,
+                       varlen=None if pack is None else (pack.max_q, pack.max_k))
+    cu = (spare, spare) if pack is None else (pack.cu_q, pack.cu_k)
+    return {**meta, "CuSeqQ": cu[0], "CuSeqK": cu[1]}
+
+
+def _as_batch(t: Tensor) -> Tensor:
+    """A packed token-major (T, H, D) tensor as the kernels address it: a (1, H, T, D) view."""
+    return t.transpose(0, 1).unsqueeze(0)
+
+
+def _grid_sizes(nq: int, nk: int, b: int, pack: _Pack | None) -> tuple[int, int, int]:
+    """The query rows, key rows and batch elements the grids cover: the tensors' own (Nq, Nk, B),
+    or a pack's longest sequences and its number of sequences (the (1, H, T, D) views' T are
+    the packed totals)."""
+    return (nq, nk, b) if pack is None else (pack.max_q, pack.max_k, pack.count)
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
              tiles: Tiles) -> tuple[Tensor, Tensor]:
+    """(o, lse) in the entry point's layout: dense (B, Hq, Nq, Dv) and (B, Hq, Nq); varlen (a
+    ``mods.pack``) token-major (Tq, Hq, Dv) and (Hq, Tq), the packed tensors addressed as one
+    batch element (:func:`_as_batch`) and never through TMA."""
+    pack = mods.pack
+    if pack is not None:
+        q, k, v = (_as_batch(t) for t in (q, k, v))
     b, hq, nq, _ = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
-    o = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+    if pack is None:
+        o = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+    else:  # token-major, as the varlen entry point returns it
+        o = _as_batch(torch.empty((nq, hq, dv), dtype=q.dtype, device=q.device))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
     tensors = (q, k, v, o)
     strides = [t.stride() for t in tensors]
-    tma = _tma_ready(*tensors)
-    meta = {**_switches(q, v, mods), "SINKS": mods.sinks is not None, "TMA": tma,
+    tma = pack is None and _tma_ready(*tensors)
+    meta = {**_switches(q, v, mods, lse), "SINKS": mods.sinks is not None, "TMA": tma,
             "WIDE_ROWS": not tma and wide_rows(*tensors)}
     if meta["TMA"]:  # boxes sized here for explicit tiles, by _descriptor_boxes when tuned
         tensors = tuple(TensorDescriptor(t, list(t.shape), list(st), [1, 1, 16, 16])
@@ -1357,17 +1538,27 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
     sinks = (lse, 0) if mods.sinks is None else (mods.sinks, mods.sinks.stride(0))
     args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk,
             *_variant_args(lse, mods, scale), *sinks)
-    _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm), b * hq), args, meta, tiles)
-    return o, lse
+    rows_q, _, batch = _grid_sizes(nq, nk, b, pack)
+    _launch("fwd", lambda bm, bn: (triton.cdiv(rows_q, bm), batch * hq), args, meta, tiles)
+    return (o, lse) if pack is None else (o[0].transpose(0, 1), lse[0])
 
 
 def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
               lse: Tensor, mods: _Mods, scale: float, tiles: Tiles,
               sinks_grad: bool) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """(dq, dk, dv, dsinks); dsinks (float32, as the sinks) only when ``sinks_grad``."""
+    """(dq, dk, dv, dsinks); dsinks (float32, as the sinks) only when ``sinks_grad``. The
+    tensors in the entry point's layout (:func:`_forward`); varlen's gradients token-major."""
+    pack = mods.pack
+    if pack is None:
+        dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        grads = (dq, dk, dv)
+    else:  # the packed tensors as one batch element (1, H, T, D); lse, dlse (Hq, Tq) as (1, Hq, Tq)
+        grads = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+        q, k, v, o, do, dq, dk, dv = (_as_batch(t) for t in (q, k, v, o, do, *grads))
+        lse, dlse = lse[None], dlse[None]
     b, hq, nq, _ = q.shape
     hkv, nk = k.shape[1], k.shape[2]
-    meta = _switches(q, v, mods)
+    meta = _switches(q, v, mods, lse)
 
     delta = torch.empty_like(lse)
     lse2 = torch.empty_like(lse)
@@ -1379,16 +1570,14 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
         BLOCK_M=PREPROCESS_BLOCK_M,
     )
 
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     qk_scale, *variant = _variant_args(lse, mods, scale)
-    _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(nk, bn), b * hkv),
+    rows_q, rows_k, batch = _grid_sizes(nq, nk, b, pack)
+    _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(rows_k, bn), batch * hkv),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
              hkv, hq // hkv, nq, nk, qk_scale, scale, *variant),
             {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dk, dv)}, tiles)
-    _launch("bwd_dq", lambda bm, bn: (triton.cdiv(nq, bm), b * hq),
+    _launch("bwd_dq", lambda bm, bn: (triton.cdiv(rows_q, bm), batch * hq),
             (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
              hq, hq // hkv, nq, nk, qk_scale, scale, *variant),
             {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dq)}, tiles)
@@ -1397,7 +1586,7 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
         z = mods.sinks.to(lse.dtype)[None, :, None]
         p_sink = torch.where(lse == float("-inf"), 0.0, torch.exp(z - lse))
         dsinks = -(p_sink * delta).sum((0, 2)).to(mods.sinks.dtype)
-    return dq, dk, dv, dsinks
+    return (*grads, dsinks)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -1407,22 +1596,22 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, slopes: Tensor | None,
                 causal: bool, window: Window, softcap: float, scale: float,
-                tiles: Tiles) -> tuple[Tensor, Tensor]:
-        mods = _Mods(causal, window, softcap, slopes, sinks)
+                tiles: Tiles, pack: _Pack | None) -> tuple[Tensor, Tensor]:
+        mods = _Mods(causal, window, softcap, slopes, sinks, pack)
         o, lse = _forward(q, k, v, mods, scale, tiles)
         ctx.save_for_backward(q, k, v, o, lse, sinks, slopes)
-        ctx.args = (causal, window, softcap, scale, tiles)
+        ctx.args = (causal, window, softcap, scale, tiles, pack)
         return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do: Tensor, dlse: Tensor):
         q, k, v, o, lse, sinks, slopes = ctx.saved_tensors
-        causal, window, softcap, scale, tiles = ctx.args
-        mods = _Mods(causal, window, softcap, slopes, sinks)
+        causal, window, softcap, scale, tiles, pack = ctx.args
+        mods = _Mods(causal, window, softcap, slopes, sinks, pack)
         dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, mods, scale, tiles,
                                        sinks is not None and ctx.needs_input_grad[3])
-        return dq, dk, dv, dsinks, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -1448,22 +1637,56 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     b, hq, nq, _ = q.shape
     var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
                          alibi_slopes=alibi_slopes, sinks=sinks)
-    band_causal, window = resolve_band(bool(causal), var.window, nq, k.shape[2])
+    return _attend(q, k, v, var, causal, scale, tiles, (nq, k.shape[2]), None)
+
+
+def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+           max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+           scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+           window_size: tuple[int, int] | None = None, softcap: float = 0.0,
+           alibi_slopes: Tensor | None = None, sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Packed sequences (``flash_attn_varlen_func``'s signature): returns (o, lse).
+
+    q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) token-major, any strides; sequence s holds
+    queries ``cu_seqlens_q[s]:cu_seqlens_q[s + 1]`` and keys ``cu_seqlens_k[s]:cu_seqlens_k[s + 1]``
+    (int32, B + 1 entries from 0 to Tq, Tk; zero-length sequences are legal); ``max_seqlen_q/k``
+    are at least the longest (``contract.validate.check_varlen``). Every convention of
+    :func:`attention` holds for each sequence alone, with its own c = Nk_s - Nq_s: causal and
+    the window bottom-right aligned, the ALiBi distance, empty rows; (B, Hq) ALiBi slopes give
+    sequence s row s. o (Tq, Hq, Dv) token-major in q's dtype, lse (Hq, Tq) in fp32 (fp64);
+    differentiable in q, k, v and ``sinks``. Tiles as :func:`attention`'s for the longest
+    sequences."""
+    count, tiles = _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k, scale, block_m, block_n)
+    var = check_variants(count, q.shape[1], q.device, window_size=window_size, softcap=softcap,
+                         alibi_slopes=alibi_slopes, sinks=sinks)
+    pack = _Pack(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
+                 count)
+    return _attend(q, k, v, var, causal, scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, var: Variants, causal: bool, scale: float | None,
+            tiles: Tiles, lengths: tuple[int, int], pack: _Pack | None) -> tuple[Tensor, Tensor]:
+    """Both entry points once their inputs are checked: causal and the window folded into the
+    kernels' band for queries and keys of ``lengths`` (:func:`resolve_band`; for a pack its
+    longest sequences: a side that cuts no key of those cuts none of any sequence, and a
+    finite side the band keeps is exact in every sequence), the default scale 1/sqrt(D)."""
+    band_causal, window = resolve_band(bool(causal), var.window, *lengths)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
     with device:
         return _FlashAttention.apply(q, k, v, var.sinks, var.alibi_slopes, band_causal, window,
-                                     var.softcap, sm_scale, tiles)
+                                     var.softcap, sm_scale, tiles, pack)
 
 
-#: The variants the dense entry point takes, forward and backward, in every combination with
-#: causal, GQA, Dv != D and the declared dtypes (varlen is not here); KV-cache decode
-#: (``attention.kvcache``, forward only: kernels/triton_decode.py) with them too.
-_VARIANTS = {"window": True, "softcap": True, "alibi": ALIBI_SHAPES, "sinks": True,
+#: The variants both entry points take, forward and backward, in every combination with causal,
+#: GQA, Dv != D and the declared dtypes; varlen (``attention.varlen``) in any combination with
+#: them; KV-cache decode (``attention.kvcache``, forward only: kernels/triton_decode.py) too.
+_VARIANTS = {"window": True, "softcap": True, "alibi": ALIBI_SHAPES, "sinks": True, "varlen": True,
              # the interpreter (CPU time): 8 splits (a program each), pages up to 64 keys
              "kvcache": KVCache(contiguous=True, max_splits=8 if INTERPRET else 128, max_queries=64,
                                 page_sizes=(1, 16, 48, 64) if INTERPRET else (1, 16, 48, 64, 100, 256)),
-             "variant_backward": frozenset({"window", "softcap", "alibi", "sinks"})}
+             "variant_backward": frozenset({"window", "softcap", "alibi", "sinks", "varlen"})}
 
 
 def _capabilities() -> Capabilities:
@@ -1508,3 +1731,4 @@ def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs) -> tuple[Ten
 
 
 attention.kvcache = _kvcache
+attention.varlen = varlen

@@ -574,8 +574,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_bwd_query_tail_skipped",
         TRITON,
-        "            offs_n, full_lo, full_hi, N_Q, N_K, scale2, win_left, win_right, cap2, slope2,\n",
-        "            offs_n, full_lo, full_hi // BLOCK_M * BLOCK_M, N_Q, N_K, scale2, win_left, win_right, "
+        "            offs_n, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,\n",
+        "            offs_n, full_lo, full_hi // BLOCK_M * BLOCK_M, n_q, n_k, scale2, win_left, win_right, "
         "cap2, slope2,\n",
         "backward ignores the tail",
         "The dK/dV kernel's loop over query tiles stops at the last whole tile, dropping the "
