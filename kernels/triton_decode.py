@@ -59,9 +59,11 @@ Conventions:
 * o (B, Nq, Hq, Dv) in the inputs' dtype; lse (B, Hq, Nq) natural log, float32 (float64 for
   float64 inputs); a row that sees no key gets o = 0, lse = -inf (with a sink: lse = z_h).
   Partials are kept in the accumulator dtype (float32; float64 for float64).
-* Dtypes, head dims (1..256, tiles padded to a power of two and masked), ``block_m`` /
-  ``block_n`` (the row tile's and the key tile's upper bounds) and their shared-memory limit on
-  a GPU are the dense kernel's; bf16 is refused under the interpreter as there.
+* Dtypes, head dims (1..256, tiles padded to a power of two and masked), ``block_m`` (the row
+  tile's upper bound) and ``block_n`` (the key tile) with their shared-memory limit on a GPU are
+  the dense kernel's; bf16 is refused under the interpreter as there. The page sizes, splits and
+  queries are declared in the dense module's capabilities (``attention.capabilities.kvcache``):
+  fewer pages and splits under the interpreter, whose CPU runs each program after the other.
 
 ``num_splits=0`` chooses the split count (:func:`choose_splits`): enough programs to fill the GPU
 while each run keeps a few key tiles.
