@@ -350,8 +350,10 @@ _MAX_GRID_YZ: int = 65535
 #: Triton specialises on their integer arguments and pointer alignment (unit and 16-multiple
 #: strides known at compile time: vectorised loads), a compilation per combination; smaller
 #: calls (the property suite's many small, varied problems) use the twins compiled once per set
-#: of compile-time constants (``kernels.triton_attention._unspecialized``).
-_SPECIALISE_MIN_KEYS: int = 2**16
+#: of compile-time constants (``kernels.triton_attention._unspecialized``). 2^13: the smallest
+#: benchmark row (B = 1, Hkv = 8, 1k keys) is specialised; the GPU suite's largest decode problem
+#: (B = 3, Hkv = 3, a capacity of 3 pages of 256) is not.
+_SPECIALISE_MIN_KEYS: int = 2**13
 
 
 def choose_splits(batch: int, kv_heads: int, row_tiles: int, capacity: int, block_n: int,
