@@ -5,7 +5,8 @@
 writes ``DIR/bench.md`` and, when matplotlib is installed, ``DIR/bench.png``: TFLOP/s against N,
 one line per kernel (anchors dashed), one panel per (head dim, causal), one row of panels per
 (mode, dtype); with decode rows also ``DIR/decode.png``, their fraction of the copy bandwidth
-against the cache length (``benchmarks.decode``). The same files are written at the end of a
+against the cache length (``benchmarks.decode``); varlen rows (``benchmarks.varlen``) get a table of
+their own. The same files are written at the end of a
 bench run given ``--bench-report DIR``.
 Above each timed table a line says which clock timed it and what that clock counts (from the
 rows' protocols, :mod:`benchmarks.timing`); the memory table has a row for every kernel its
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from flashprop.contract.registry import BENCH_ANCHORS
 
-from . import decode
+from . import decode, varlen
 from .grid import SHORT_DTYPE
 from .schema import Row, Skipped, rows, skipped
 from .timing import clock_counts
@@ -30,6 +31,11 @@ PLOT_NAME, TABLE_NAME = "bench.png", "bench.md"
 DECODE_PLOT_NAME = "decode.png"
 #: Kernels drawn dashed: the anchors of every device.
 ANCHOR_STYLE = {anchor for anchors in BENCH_ANCHORS.values() for anchor in anchors}
+
+
+def _is_grid(row: Row) -> bool:
+    """A row of the dense TFLOP/s grid (varlen rows have TFLOP/s too, and a table of their own)."""
+    return row.tflops is not None and row.lengths is None
 
 
 def _grid_key(row: Row) -> tuple:
@@ -46,7 +52,7 @@ def _host_cell(row: Row) -> str:
 
 def grid_table(results: Iterable[Row]) -> list[str]:
     """Rows of the TFLOP/s grid: one per kernel and configuration."""
-    grid = sorted((r for r in results if r.tflops is not None), key=_grid_key)
+    grid = sorted((r for r in results if _is_grid(r)), key=_grid_key)
     if not grid:
         return []
     anchors = sorted({a for r in grid for a in r.ratios})
@@ -76,7 +82,7 @@ def split_table(results: Iterable[Row]) -> list[str]:
     """Rows of forward and backward-only speed against each anchor, per kernel and
     configuration timed in both modes: backward seconds = (fwd+bwd) - fwd, the anchors' from
     their ratios in the same run (anchor seconds = ratio x kernel seconds)."""
-    timed = {(r.kernel, r.mode, r.d, r.causal, r.dtype, r.n): r for r in results if r.tflops is not None}
+    timed = {(r.kernel, r.mode, r.d, r.causal, r.dtype, r.n): r for r in results if _is_grid(r)}
     lines: list[str] = []
     for (kernel, mode, d, causal, dtype, n), fwd in sorted(timed.items(), key=lambda kv: kv[0]):
         both = timed.get((kernel, "fwd+bwd", d, causal, dtype, n))
@@ -147,7 +153,7 @@ def clock_lines(timed: Iterable[Row]) -> list[str]:
 
 def plot(results: Iterable[Row], path: Path) -> str | None:
     """Write the TFLOP/s plot; returns why not when matplotlib is missing or nothing to plot."""
-    grid = [r for r in results if r.tflops is not None]
+    grid = [r for r in results if _is_grid(r)]
     if not grid:
         return "no TFLOP/s results to plot"
     try:
@@ -203,7 +209,7 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
         written.append(png)
     else:
         lines += [f"(no plot: {why_not})", ""]
-    grid = [r for r in results if r.tflops is not None]
+    grid = [r for r in results if _is_grid(r)]
     gate = gate_rows(results)
     decoded = decode.decode_table(results)
     if decoded:
@@ -216,6 +222,8 @@ def write_report(output_json: dict, folder: Path) -> list[Path]:
         ("Kernels (TFLOP/s)", grid_table(results), grid),
         ("KV-cache decode (bytes of K, V and block table over time, against the copy bandwidth)", decoded,
          decode.decode_rows(results)),
+        ("Varlen (TFLOP/s of the real work; anchors at the same tokens: the dense call at the mean length, "
+         "SDPA on the padded batch)", varlen.varlen_table(results), varlen.varlen_rows(results)),
         ("Forward and backward against the anchors (higher is faster)", split_table(results), grid),
         ("Memory growth (exponent: 1 = O(N), 2 = O(N^2))",
          memory_table(results, skipped(output_json, "memory")), []),

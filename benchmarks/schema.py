@@ -12,6 +12,8 @@ Which fields a row fills in, besides ``kernel`` and ``config`` (a stable label o
     decode   (bench_decode) device, mode, n (the cache length), d, dtype, b, h, hkv, page_size,
              bytes_read, median_s, host_s, ratios (``copy``: the fraction of the copy
              bandwidth), timing, launch
+    varlen   (bench_varlen) the grid's fields with n the pack's mean length, b its number of
+             sequences, lengths, flops of the real work
     layer    (bench_layer) the grid's shape fields, d_model, block_tflops instead of tflops
     memory   (bench_memory) device, mem_n, mem_peak_bytes, mem_exponent
     first    (bench_first_call) the grid's shape fields, median_s, launch, first_call
@@ -46,6 +48,7 @@ class Row:
         d_model: the model width of a transformer-block row (heads x head dim).
         hkv, page_size: a decode row's kv heads and page size (``None``: a contiguous cache).
         bytes_read: the bytes a decode row reads per call (K, V and the block table).
+        lengths: a varlen row's sequence lengths (queries and keys alike), in pack order.
         flops: floating-point operations of one timed call.
         median_s: median seconds of the timed call.
         host_s: host seconds of one call with an idle GPU (its launch cost; ``None`` on the CPU).
@@ -81,6 +84,7 @@ class Row:
     hkv: int | None = None
     page_size: int | None = None
     bytes_read: int | None = None
+    lengths: list[int] | None = None
     flops: float | None = None
     median_s: float | None = None
     host_s: float | None = None
