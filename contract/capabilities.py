@@ -9,9 +9,9 @@ The suite draws only problems a kernel declares (:meth:`Capabilities.unsupported
 ``None``) and separately checks that undeclared problems are refused with ``ValueError``,
 ``TypeError`` or ``NotImplementedError`` ("clear error or correct answer").
 
-Variants (``docs/variants.md``: sliding window, softcap, ALiBi, sinks, varlen, KV-cache decode)
-are opt-in: full support means the dense contract only, and a kernel declares each variant it
-takes. The varlen and KV-cache entry points are the kernel's attributes ``fn.varlen`` and
+Variants (``docs/variants.md``: sliding window, softcap, ALiBi, sinks, varlen, KV-cache decode,
+dropout) are opt-in: full support means the dense contract only, and a kernel declares each
+variant it takes. The varlen and KV-cache entry points are the kernel's attributes ``fn.varlen`` and
 ``fn.kvcache`` (FlashAttention's ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``).
 """
 
@@ -105,6 +105,9 @@ class Capabilities:
         sinks: takes ``sinks`` (one learnable sink logit per query head).
         varlen: has the varlen entry point ``fn.varlen`` (packed sequences, ``cu_seqlens``).
         kvcache: what its KV-cache decode entry point ``fn.kvcache`` takes; ``None``: none.
+        dropout: takes ``dropout_p`` and ``dropout_seed`` (seeded dropout of the probabilities) in
+            its dense and varlen entry points; a kernel that can return the keep mask it applies
+            also has ``fn.dropout_mask`` (``docs/variants.md``).
         variant_backward: the variants (of ``contract.variants.BACKWARD``) whose gradients it
             supports, when it declares ``backward``.
         seqlen_multiple: Nq and Nk (and every varlen sequence's lengths) must be multiples of this.
@@ -137,6 +140,7 @@ class Capabilities:
     sinks: bool = False
     varlen: bool = False
     kvcache: KVCache | None = None
+    dropout: bool = False
     variant_backward: frozenset[str] = BACKWARD
     seqlen_multiple: int = 1
 

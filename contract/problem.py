@@ -37,6 +37,8 @@ Variants (``docs/variants.md``), each off by default (a dense problem):
                  (num_pages, page_size, Hkv, D) behind a shuffled ``block_table`` whose unused
                  pages are NaN; cache entries past a sequence's length are NaN
     num_splits   split-KV for decode (``None``: the keyword is not passed)
+    dropout      ``(dropout_p, dropout_seed)``: seeded dropout of the probabilities (dense and
+                 varlen; ``refimpl/dropout.py``), passed as given, p = 0 included
 
 The values of q, k, v and dO do not depend on the variant fields (a decode problem draws the
 values of the dense problem with the same B, Nq, Nk and lays them out differently; varlen draws
@@ -124,6 +126,7 @@ class Problem:
     cache: tuple[int, ...] | None = None
     page_size: int | None = None
     num_splits: int | None = None
+    dropout: tuple[float, int] | None = None
 
     def replace(self, **changes) -> Problem:
         return replace(self, **changes)
@@ -248,9 +251,9 @@ class Problem:
         return out[0], out[1]
 
     def variant_kwargs(self, requires_grad: bool = False) -> dict[str, Any]:
-        """The variant keywords of the call: ``window_size``, ``softcap``, ``alibi_slopes`` and
-        ``sinks`` (float32 whatever the problem's dtype, as ``docs/variants.md`` fixes them), only
-        those in use."""
+        """The variant keywords of the call: ``window_size``, ``softcap``, ``alibi_slopes``,
+        ``sinks`` (float32 whatever the problem's dtype, as ``docs/variants.md`` fixes them) and
+        ``dropout_p``, ``dropout_seed``, only those in use."""
         kw: dict[str, Any] = {}
         if self.window is not None:
             kw["window_size"] = tuple(self.window)
@@ -264,6 +267,8 @@ class Problem:
         if self.sinks is not None:
             z = self._sink_logits(g, torch.float32)
             kw["sinks"] = z.to(self.device).requires_grad_(requires_grad)
+        if self.dropout is not None:
+            kw["dropout_p"], kw["dropout_seed"] = float(self.dropout[0]), int(self.dropout[1])
         return kw
 
     def kernel_inputs(
@@ -426,6 +431,8 @@ class Problem:
             kw.append(("softcap", repr(float(self.softcap))))
         kw += [(name, None) for name, field in (("alibi_slopes", self.alibi), ("sinks", self.sinks))
                if field is not None]
+        if self.dropout is not None:
+            kw += [("dropout_p", repr(float(self.dropout[0]))), ("dropout_seed", repr(int(self.dropout[1])))]
         if self.cache is not None:
             kw.append(("cache_seqlens", None))
             if self.num_splits is not None:

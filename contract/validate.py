@@ -8,7 +8,8 @@ of index tensors read their values on the host (a device synchronisation, once p
 What an entry point calls before its kernel runs, one line per concern:
 
     check_variants(batch, heads, device, window_size=..., softcap=..., alibi_slopes=...,
-                   sinks=...)                       -> Variants (every entry point)
+                   sinks=..., dropout_p=..., dropout_seed=...)
+                                                    -> Variants (every entry point)
     check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
                                                     -> the number of sequences (varlen)
     check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits)
@@ -114,6 +115,29 @@ def check_sinks(sinks: object, heads: int, device: torch.device) -> torch.Tensor
     return sinks
 
 
+#: Dropout seeds are unsigned 64-bit integers (``refimpl/dropout.py`` hashes both halves).
+DROPOUT_SEED_LIMIT = 2**64
+
+
+def check_dropout(dropout_p: object, dropout_seed: object) -> tuple[float, int | None]:
+    """``(dropout_p, dropout_seed)``: p a real number in [0, 1) (0: off); the seed an int in
+    ``[0, 2^64)``, required when p > 0 (``docs/variants.md``: the mask is a function of the seed,
+    never of a generator's state), ``None`` allowed at p = 0."""
+    if not isinstance(dropout_p, int | float) or isinstance(dropout_p, bool):
+        raise TypeError(f"dropout_p must be a float, got {type(dropout_p).__name__}")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be in [0, 1) (0: no dropout), got {dropout_p!r}")
+    if dropout_seed is None:
+        if dropout_p > 0:
+            raise ValueError(f"dropout_p={dropout_p!r} needs an explicit dropout_seed (an int)")
+        return 0.0, None
+    if not _is_int(dropout_seed):
+        raise TypeError(f"dropout_seed must be an int, got {type(dropout_seed).__name__}")
+    if not 0 <= dropout_seed < DROPOUT_SEED_LIMIT:
+        raise ValueError(f"dropout_seed must be in [0, 2**64), got {dropout_seed}")
+    return float(dropout_p), dropout_seed
+
+
 @dataclass(frozen=True)
 class Variants:
     """The checked variant keywords of one call.
@@ -123,12 +147,16 @@ class Variants:
         softcap: the cap t of ``s -> t * tanh(s / t)``; 0 is off.
         alibi_slopes: float32 slopes of shape (Hq,) or (B, Hq), or ``None``.
         sinks: the float32 sink logits (Hq,), or ``None``.
+        dropout_p: the dropout probability; 0 is off.
+        dropout_seed: the dropout's seed (``None`` when off).
     """
 
     window: tuple[int, int] | None = None
     softcap: float = 0.0
     alibi_slopes: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    dropout_seed: int | None = None
 
 
 def check_variants(
@@ -140,15 +168,20 @@ def check_variants(
     softcap: object = 0.0,
     alibi_slopes: object = None,
     sinks: object = None,
+    dropout_p: object = 0.0,
+    dropout_seed: object = None,
 ) -> Variants:
     """The variant keywords of a call with ``batch`` sequences (batch elements) and ``heads`` query
     heads of inputs on ``device``, checked (``None`` and 0 mean off). ALiBi slopes and sinks are
     float32 whatever the inputs' dtype."""
+    p, seed = check_dropout(dropout_p, dropout_seed)
     return Variants(
         window=None if window_size is None else check_window(window_size),
         softcap=check_softcap(softcap),
         alibi_slopes=None if alibi_slopes is None else check_alibi(alibi_slopes, batch, heads, device),
         sinks=None if sinks is None else check_sinks(sinks, heads, device),
+        dropout_p=p,
+        dropout_seed=seed,
     )
 
 

@@ -13,6 +13,8 @@ How to add a variant: its row here (and its :class:`~contract.problem.Problem` f
 ``contract/validate.py``; its score or mask modifier in ``refimpl/masks.py`` (the golden, the
 yardstick and ``ref-blocked`` apply the modifiers there); its strategy in
 ``harness/variant_problems.py``. ``meta/test_meta_variants.py`` checks every row against them.
+A stochastic variant (dropout) has no elementwise golden for a kernel's own random numbers: its
+properties are a file of their own (``properties/test_dropout.py``), not ``test_variants.py``'s.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ class Variant:
         name: its name (``--properties`` and the reports use it).
         keywords: the call's keywords that carry it (empty: an entry point or a form of one).
         entry: the entry point it is or modifies: ``any`` (a score or mask modifier of every
-            entry point), ``varlen`` or ``kvcache``.
+            entry point), ``training`` (a modifier of the entry points with a backward: dense and
+            varlen), ``varlen`` or ``kvcache`` (:data:`ENTRY_MODES`).
         backward: whether the contract has its gradient (a kernel declares which it gives in
             ``Capabilities.variant_backward``).
         used: whether a problem uses it.
         declared: whether a kernel's capabilities declare it at all.
         refusal: why a problem that uses it is outside the capabilities (``None``: it is not).
+        stochastic: its output is a random draw that a seed picks (dropout): no elementwise golden
+            judges a kernel's own random numbers, and it joins no other variant's problems.
     """
 
     name: str
@@ -50,6 +55,21 @@ class Variant:
     used: Callable[[Prob], bool]
     declared: Callable[[Caps], bool]
     refusal: Callable[[Caps, Prob], str | None]
+    stochastic: bool = False
+
+    @property
+    def modes(self) -> tuple[str, ...]:
+        """The entry points (``Problem.mode``) a problem using it calls."""
+        return ENTRY_MODES[self.entry]
+
+
+#: Per ``Variant.entry``: the entry points (``Problem.mode``) its problems call.
+ENTRY_MODES: dict[str, tuple[str, ...]] = {
+    "any": ("dense", "varlen", "kvcache"),
+    "training": ("dense", "varlen"),
+    "varlen": ("varlen",),
+    "kvcache": ("kvcache",),
+}
 
 
 def _paged_refusal(caps: Caps, p: Prob) -> str | None:
@@ -75,6 +95,14 @@ def _splits_refusal(caps: Caps, p: Prob) -> str | None:
     return f"num_splits={p.num_splits} > max_splits {kv.max_splits}" if p.num_splits > kv.max_splits else None
 
 
+def _dropout_refusal(caps: Caps, p: Prob) -> str | None:
+    if not caps.dropout:
+        return "dropout not declared"
+    if p.cache is not None:
+        return "dropout in KV-cache decode (forward only: inference) is not in the contract"
+    return None
+
+
 TABLE: tuple[Variant, ...] = (
     Variant("window", ("window_size",), "any", True, lambda p: p.window is not None,
             lambda c: c.window, lambda c, p: None if c.window else "window_size not declared"),
@@ -94,11 +122,15 @@ TABLE: tuple[Variant, ...] = (
             lambda c: c.kvcache is not None and bool(c.kvcache.page_sizes), _paged_refusal),
     Variant("splits", ("num_splits",), "kvcache", False, lambda p: p.num_splits is not None,
             lambda c: c.kvcache is not None and c.kvcache.max_splits > 1, _splits_refusal),
+    Variant("dropout", ("dropout_p", "dropout_seed"), "training", True, lambda p: p.dropout is not None,
+            lambda c: c.dropout, _dropout_refusal, stochastic=True),
 )
 #: The variants' names, in the order the reports list them.
 NAMES: tuple[str, ...] = tuple(v.name for v in TABLE)
 #: The score and mask modifiers, combinable with every entry point.
 MODIFIERS: tuple[str, ...] = tuple(v.name for v in TABLE if v.entry == "any")
+#: The variants the elementwise golden judges (``properties/test_variants.py``): not the stochastic.
+JUDGED: tuple[str, ...] = tuple(v.name for v in TABLE if not v.stochastic)
 #: The variants with a backward (decode is forward only).
 BACKWARD: frozenset[str] = frozenset(v.name for v in TABLE if v.backward)
 BY_NAME: dict[str, Variant] = {v.name: v for v in TABLE}

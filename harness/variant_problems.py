@@ -1,8 +1,9 @@
 """Hypothesis strategies for variant problems (``docs/variants.md``), from a kernel's declaration.
 
 :func:`variant_problems` draws a declared problem that uses one named variant (``window``,
-``softcap``, ``alibi``, ``sinks``, ``varlen``, ``kvcache``, ``paged``, ``splits``) and, at random,
-any other declared variant that combines with it. The values favour the edges where kernels
+``softcap``, ``alibi``, ``sinks``, ``varlen``, ``kvcache``, ``paged``, ``splits``, ``dropout``) and,
+at random, any other declared modifier that combines with it (a stochastic variant, dropout, joins
+no other's problems). The values favour the edges where kernels
 break:
 
     window       sides 0, 1, small, >= N, -1 (unbounded), asymmetric
@@ -14,6 +15,8 @@ break:
     kvcache      Nq 1..a few, capacities and cache lengths 0..capacity at tile edges, at page
                  edges and random, declared page sizes, shuffled block tables with NaN-filled
                  spare pages, num_splits 1..beyond the key blocks
+    dropout      p 0 (exactly none), small, 0.1, 0.5 and 0.9; seeds over all 64 bits (both
+                 halves of the hash's seed)
 
 :func:`undeclared_variant_problems` steps outside the declaration along one variant axis, and
 :data:`MALFORMED` lists the malformed inputs every declared entry point must refuse.
@@ -29,7 +32,7 @@ from hypothesis import strategies as st
 
 from ..contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
 from ..contract.problem import SINKS, KernelInputs, Problem
-from ..contract.variants import MODIFIERS
+from ..contract.variants import BY_NAME, MODIFIERS, TABLE
 from .strategies import (
     DEFAULT_SIZES,
     Derive,
@@ -46,6 +49,14 @@ SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 1000.0)
 ALIBI_MAX_SLOPES = (0.0, 1e-3, 0.25, 1.0, 8.0)
 #: Largest number of packed sequences drawn.
 MAX_SEQUENCES = 12
+#: Dropout probabilities drawn: none (p = 0 must be exactly no dropout), small, and 0.1 to 0.9.
+DROPOUT_PS = (0.0, 0.01, 0.1, 0.5, 0.9)
+
+
+def dropout_seeds() -> st.SearchStrategy[int]:
+    """Dropout seeds: any of ``[0, 2^64)``, and 0, 2^32 - 1 and 2^32 (the low word's edge, the high
+    word's first bit) and 2^64 - 1 as likely."""
+    return st.one_of(st.sampled_from((0, 2**32 - 1, 2**32, 2**64 - 1)), st.integers(0, 2**64 - 1))
 
 
 def _window_side(n: int) -> st.SearchStrategy[int]:
@@ -176,16 +187,10 @@ def variant_problems(
     runs too, every one declared)."""
     if not caps.declares_variant(variant):
         raise ValueError(f"variant {variant!r} is not declared")
-    if mode is None:
-        if variant in ("varlen", "kvcache", "paged", "splits"):
-            mode = "varlen" if variant == "varlen" else "kvcache"
-        else:
-            modes = (
-                ["dense"]
-                + (["varlen"] if caps.varlen else [])
-                + (["kvcache"] if caps.kvcache is not None and not backward else [])
-            )
-            mode = draw(st.sampled_from(modes))
+    if mode is None:  # the row's entry points among the declared (its own one where it names one)
+        entries = {"dense": True, "varlen": caps.varlen, "kvcache": caps.kvcache is not None and not backward}
+        modes = BY_NAME[variant].modes
+        mode = draw(st.sampled_from([m for m in modes if entries[m]] or list(modes)))
     base: Problem = draw(candidate_problems(caps, device=device, sizes=sizes, dtypes=dtypes, causal=causal))
     if mode == "varlen":
         base = draw(_varlen(caps, base, sizes))
@@ -202,6 +207,8 @@ def variant_problems(
         )
     required = variant if variant in MODIFIERS else None
     p = draw(_modifiers(caps, base, required, modifiers))
+    if variant == "dropout":
+        p = p.replace(dropout=(draw(st.sampled_from(DROPOUT_PS)), draw(dropout_seeds())))
     return checked(caps, p, derive=derive, where=where, related=related, backward=backward)
 
 
@@ -211,10 +218,11 @@ ODD_PAGE_SIZES = (2, 3, 5, 7, 12, 32, 48, 128)
 
 
 def variant_axes(caps: Capabilities) -> list[str]:
-    """The variant axes along which a kernel declares less than everything: modifiers it does
-    not take, ALiBi shapes, sequence-length granularity, modifiers without a backward and, for a
-    decode entry point, page sizes, a contiguous cache, splits and queries beyond its limits."""
-    axes = [v for v in MODIFIERS if not caps.declares_variant(v)]
+    """The variant axes along which a kernel declares less than everything: modifiers of every
+    entry point or of the training ones (dropout) it does not take, ALiBi shapes, sequence-length
+    granularity, modifiers without a backward and, for a decode entry point, page sizes, a
+    contiguous cache, splits and queries beyond its limits."""
+    axes = [v.name for v in TABLE if v.entry in ("any", "training") and not caps.declares_variant(v.name)]
     kv = caps.kvcache
     if kv is not None:
         axes += ["splits-over", "queries-over"]
@@ -268,6 +276,8 @@ def undeclared_variant_problems(
         p = p.replace(alibi=(draw(st.sampled_from(sorted(ALIBI_SHAPES - caps.alibi))), 0.5))
     elif axis == "sinks":
         p = p.replace(sinks=draw(st.sampled_from(sorted(SINKS))))
+    elif axis == "dropout":  # p > 0: an answer that ignores it is wrong (p = 0 would be right)
+        p = p.replace(dropout=(draw(st.sampled_from(DROPOUT_PS[1:])), draw(dropout_seeds())))
     else:
         m = caps.seqlen_multiple
         p = p.replace(nq=p.nq + draw(st.integers(1, m - 1)))
@@ -368,6 +378,20 @@ def _sinks_as(dtype: torch.dtype) -> Callable[[KernelInputs], None]:
     return corrupt
 
 
+def _dropout_set(name: str, value: object) -> Callable[[KernelInputs], None]:
+    """The dropout keyword ``name`` set to ``value`` (malformed whatever the drawn p and seed)."""
+
+    def corrupt(inp: KernelInputs) -> None:
+        inp.kwargs[name] = value
+
+    return corrupt
+
+
+def _dropout_without_seed(inp: KernelInputs) -> None:
+    inp.kwargs["dropout_p"] = 0.5
+    del inp.kwargs["dropout_seed"]
+
+
 #: name -> (the variant whose inputs it breaks, the corruption, applied in place).
 MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
     "cu_seqlens not monotone": ("varlen", _cu_not_monotone),
@@ -387,6 +411,11 @@ MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
     "sinks of the wrong length": ("sinks", _sinks_wrong_shape),
     "sinks float16": ("sinks", _sinks_as(torch.float16)),
     "sinks float64": ("sinks", _sinks_as(torch.float64)),
+    "dropout_p of 1": ("dropout", _dropout_set("dropout_p", 1.0)),
+    "dropout_p negative": ("dropout", _dropout_set("dropout_p", -0.1)),
+    "dropout_p without a seed": ("dropout", _dropout_without_seed),
+    "dropout_seed not an int": ("dropout", _dropout_set("dropout_seed", 3.0)),
+    "dropout_seed negative": ("dropout", _dropout_set("dropout_seed", -1)),
 }
 
 

@@ -36,6 +36,7 @@ EVERYTHING = Capabilities(
     sinks=True,
     varlen=True,
     kvcache=KVCache(page_sizes=(1, 3, 4), max_splits=4),
+    dropout=True,
 )
 
 
@@ -196,7 +197,7 @@ def test_each_row_of_the_variant_table_holds_for_its_problems(row: Variant):
     @given(variant_problems(EVERYTHING, row.name, device="cpu", sizes=SIZES, backward=False))
     def check(p: Problem) -> None:
         assert row.used(p) and row.name in p.variants, p.describe()
-        assert row.entry in ("any", p.mode), p.describe()
+        assert p.mode in row.modes, p.describe()
         assert set(row.keywords) <= set(p.kernel_inputs().kwargs), (row.keywords, p.describe())
         assert row.declared(EVERYTHING) and row.refusal(EVERYTHING, p) is None
         assert EVERYTHING.unsupported_reason(p) is None
@@ -222,5 +223,5 @@ def _without(name: str) -> dict:
     off = {"window": {"window": False}, "softcap": {"softcap": False}, "alibi": {"alibi": frozenset()},
            "sinks": {"sinks": False}, "varlen": {"varlen": False}, "kvcache": {"kvcache": None},
            "paged": {"kvcache": KVCache(page_sizes=(), max_splits=4)},
-           "splits": {"kvcache": KVCache(page_sizes=(1, 3, 4), max_splits=1)}}
+           "splits": {"kvcache": KVCache(page_sizes=(1, 3, 4), max_splits=1)}, "dropout": {"dropout": False}}
     return off[name]

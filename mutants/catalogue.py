@@ -110,8 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_causal_top_left",
         BLOCKED,
-        "from flashprop.refimpl.masks import causal_offset\n",
-        "from flashprop.refimpl.masks import causal_offset as _aligned_offset\n\n\n"
+        "from .masks import causal_offset\n",
+        "from .masks import causal_offset as _aligned_offset\n\n\n"
         "def causal_offset(nq, nk):\n"
         "    return _aligned_offset(nq, nk, 'top-left')\n",
         "causal aligned top-left",
@@ -247,8 +247,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "blocked_acc_in_input_dtype",
         BLOCKED,
         "                l = alpha * l + p.sum(-1)  # noqa: E741\n"
+        "                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)\n"
+        "                p = p if z is None else p * z  # the kept probabilities weight V; l stays the softmax's\n"
         "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n",
         "                l = (alpha * l + p.sum(-1)).to(q.dtype).to(acc_t)  # noqa: E741\n"
+        "                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)\n"
+        "                p = p if z is None else p * z\n"
         "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n"
         "                acc = acc.to(q.dtype).to(acc_t)\n",
         "low-precision accumulation",
@@ -700,7 +704,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "blocked_offsets_int32",
         BLOCKED,
         "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
-        "softcap, slopes,\n                                   order)\n",
+        "softcap, slopes,\n                                   order, dropout)\n",
         "    def int32_addressed(t):  # t as read at element offsets sum(index * stride) held in int32\n"
         "        offsets = torch.zeros((), dtype=torch.int64, device=t.device)\n"
         "        for size, stride in zip(t.shape, t.stride()):\n"
@@ -712,7 +716,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "\n"
         "    q, k, v = (int32_addressed(t) for t in (q, k, v))\n"
         "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
-        "softcap, slopes,\n                                   order)\n",
+        "softcap, slopes,\n                                   order, dropout)\n",
         "offsets computed in 32 bits",
         "The dense entry point reads q, k and v at element offsets sum(index * stride) computed in "
         "32 bits: past element 2^31 of a tensor (a tensor of more than 2^31 elements, or a view "

@@ -32,6 +32,16 @@ Backward (FA2): Delta = rowsum(dO * O); for each key tile, over the query tiles 
     dK_j += scale * dS^T Q_i;  dQ_i += scale * dS K_j
     dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi
 
+Dropout (``dropout_p`` p > 0, ``dropout_seed``; :mod:`refimpl.dropout`): each tile's probabilities
+that weight the values are ``P * Z`` with ``Z = M / (1 - p)`` and the counter-based keep mask
+``M[b, h, i, j]`` of the seed, so l and lse stay the undropped softmax's; the backward recomputes
+the same ``Z`` from the same indices (no mask is stored):
+
+    dV_j += (P * Z)^T dO_i;  dS = P * (Z * dP - Delta_i)
+
+At p = 0 nothing is dropped and the loops are the plain ones. ``attention.dropout_mask`` gives the
+keep mask (B, Hq, Nq, Nk) a call applies; a varlen sequence s uses batch element s's.
+
 GQA: query head h reads kv head h // group; dK and dV are summed over the group.
 
 Varlen: packed token-major q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); each sequence
@@ -57,7 +67,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from ..contract.validate import check_decode, check_dense, check_variants, check_varlen
+from ..contract.validate import check_decode, check_dense, check_dropout, check_variants, check_varlen
+from .dropout import Dropout, dropout_of
+from .dropout import dropout_mask as _keep_mask
 from .golden import default_scale
 from .masks import causal_offset
 from .online_softmax import merge_partials
@@ -118,6 +130,7 @@ class Variants:
         slopes: ALiBi slopes (B, Hq) in the accumulator dtype, or ``None``.
         sinks: sink logits (Hq,), or ``None``.
         order: the order the tile loops sum in.
+        dropout: the call's dropout, or ``None`` (p = 0: none).
     """
 
     window: Window
@@ -125,6 +138,7 @@ class Variants:
     slopes: torch.Tensor | None
     sinks: torch.Tensor | None
     order: Order = NATURAL
+    dropout: Dropout | None = None
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -200,6 +214,16 @@ def _scores(
     return s.masked_fill(~visible, NEG_INF), dcap
 
 
+def _dropout(var: Variants, b: int, h: int, rows: torch.Tensor, cols: torch.Tensor,
+             dtype: torch.dtype) -> torch.Tensor | None:
+    """The dropout's ``Z = M / (1 - p)`` of one tile (b, rows, cols) of query head ``h``, in
+    ``dtype``; ``None`` without dropout. The forward and the backward both call it."""
+    if var.dropout is None:
+        return None
+    batch = torch.arange(b, device=rows.device)[:, None, None]
+    return var.dropout.factor(batch, h, rows[None, :, None], cols[None, None, :], dtype)
+
+
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -247,6 +271,8 @@ def _forward(
                 p = torch.exp(s - m_safe[..., None])
                 alpha = torch.exp(m - m_safe)
                 l = alpha * l + p.sum(-1)  # noqa: E741
+                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)
+                p = p if z is None else p * z  # the kept probabilities weight V; l stays the softmax's
                 acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj
                 m = m_new
             empty = l == 0
@@ -293,8 +319,12 @@ def _backward(
                 qi, doi = q[:, h, q0:q1].to(acc_t), do[:, h, q0:q1].to(acc_t)
                 s, dcap = _scores(qi, kj, scale, rows, cols, causal, offset, nk, var, h)
                 p = torch.exp(s - lse_safe[:, h, q0:q1, None])
-                dv[:, hk, k0:k1] += p.to(q.dtype).to(acc_t).transpose(-1, -2) @ doi
+                z = _dropout(var, q.shape[0], h, rows, cols, acc_t)
+                pz = p if z is None else p * z
+                dv[:, hk, k0:k1] += pz.to(q.dtype).to(acc_t).transpose(-1, -2) @ doi
                 dp = var.order.dot(doi, vj)
+                if z is not None:  # dP of the dropped probabilities, back to P's
+                    dp = dp * z
                 ds = p * (dp - delta[:, h, q0:q1, None])
                 if dcap is not None:  # back through the softcap
                     ds = ds * dcap
@@ -310,11 +340,12 @@ def _backward(
 
 class _BlockedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes, order):
-        var = Variants(window, softcap, slopes, sinks, order)
+    def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes, order,
+                dropout):
+        var = Variants(window, softcap, slopes, sinks, order, dropout)
         o, lse = _forward(q, k, v, causal, scale, block_m, block_n, var)
         ctx.save_for_backward(q, k, v, o, lse, slopes, sinks)
-        ctx.args = (causal, scale, block_m, block_n, window, softcap, order)
+        ctx.args = (causal, scale, block_m, block_n, window, softcap, order, dropout)
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -322,10 +353,10 @@ class _BlockedAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, slopes, sinks = ctx.saved_tensors
-        causal, scale, block_m, block_n, window, softcap, order = ctx.args
-        var = Variants(window, softcap, slopes, sinks, order)
+        causal, scale, block_m, block_n, window, softcap, order, dropout = ctx.args
+        var = Variants(window, softcap, slopes, sinks, order, dropout)
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n, var)
-        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None, None
 
 
 def _split_kv(
@@ -385,16 +416,18 @@ def _variants(
     softcap: float,
     alibi_slopes: torch.Tensor | None,
     sinks: torch.Tensor | None,
-) -> tuple[Window, float, torch.Tensor | None]:
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
+) -> tuple[Window, float, torch.Tensor | None, Dropout | None]:
     """Check the variant keywords (:func:`contract.validate.check_variants`); returns the window
-    (``(-1, -1)``: none), the softcap and the ALiBi slopes as (batch, Hq) in the accumulator dtype
-    (``None``: no ALiBi)."""
+    (``(-1, -1)``: none), the softcap, the ALiBi slopes as (batch, Hq) in the accumulator dtype
+    (``None``: no ALiBi) and the dropout (``None`` at p = 0)."""
     var = check_variants(
         batch, hq, q.device, window_size=window_size, softcap=softcap,
-        alibi_slopes=alibi_slopes, sinks=sinks,
+        alibi_slopes=alibi_slopes, sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
     )
     slopes = None if var.alibi_slopes is None else var.alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
-    return var.window or (-1, -1), var.softcap, slopes
+    return var.window or (-1, -1), var.softcap, slopes, dropout_of(var.dropout_p, var.dropout_seed)
 
 
 def _sequences(
@@ -443,6 +476,8 @@ def attention(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
     order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocked FlashAttention-2 ``(o, lse)`` with bottom-right causal alignment; any tile sizes.
@@ -452,9 +487,10 @@ def attention(
     check_dense(q, k, v)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = q.shape[:2]
-    window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
+                                                 dropout_p, dropout_seed)
     return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes,
-                                   order)
+                                   order, dropout)
 
 
 def varlen(
@@ -474,19 +510,23 @@ def varlen(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
     order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences (``flash_attn_varlen_func``): q (Tq, Hq, D), k (Tk, Hkv, D),
     v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``;
-    ``order`` as :func:`attention`'s."""
+    ``order`` as :func:`attention`'s. Sequence s drops as batch element s of a dense call."""
     seqs = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = len(seqs), q.shape[1]
-    window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
+                                                 dropout_p, dropout_seed)
     outs, lses = [], []
     for s, (sq, sk) in enumerate(seqs):
         slopes_s = None if slopes is None else slopes[s : s + 1]  # (B, Hq) slopes: row s
-        args = (causal, scale, block_m, block_n, window, softcap, slopes_s, order)
+        dropout_s = None if dropout is None else replace(dropout, batch=s)  # the hash's batch index: s
+        args = (causal, scale, block_m, block_n, window, softcap, slopes_s, order, dropout_s)
         o, lse = _BlockedAttention.apply(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), sinks, *args)
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
@@ -521,7 +561,7 @@ def kvcache(
     lengths = _cache_lengths(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
     scale, block_m, block_n = _settings(q, k_cache, v_cache, scale, block_m, block_n)
     b, nq, hq, _ = q.shape
-    window, softcap, slopes = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes, _ = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
     o = torch.empty((b, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=_acc_dtype(q.dtype), device=q.device)
     for i, length in enumerate(lengths):
@@ -539,8 +579,23 @@ def kvcache(
     return o, lse
 
 
+def dropout_mask(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, dropout_p: float, dropout_seed: int | None = None,
+    **call_keywords: object,
+) -> torch.Tensor:
+    """The keep mask (B, Hq, Nq, Nk), bool, that :func:`attention` applies to the call with these
+    arguments (FlashAttention's ``return_attn_probs`` gives its mask likewise): the seed's
+    (:func:`refimpl.dropout.dropout_mask`). The call's other keywords (``call_keywords``: causal,
+    scale, tiles, variants) do not change it; entries of keys a query does not see are kept or
+    dropped as if it saw them."""
+    hq, _ = check_dense(q, k, v)
+    p, seed = check_dropout(dropout_p, dropout_seed)
+    return _keep_mask(q.shape[0], hq, q.shape[2], k.shape[2], dropout_p=p, dropout_seed=seed, device=q.device)
+
+
 attention.varlen = varlen
 attention.kvcache = kvcache
+attention.dropout_mask = dropout_mask
 attention.capabilities = Capabilities(
     block_m=TILES,
     block_n=TILES,
@@ -550,4 +605,5 @@ attention.capabilities = Capabilities(
     sinks=True,
     varlen=True,
     kvcache=KVCache(page_sizes=PAGE_SIZES, max_splits=MAX_SPLITS, max_queries=MAX_DECODE_QUERIES),
+    dropout=True,
 )

@@ -21,6 +21,12 @@ online-softmax state at ``(m, l, acc) = (z_h, 1, 0)``: a key with no value. Then
 
     dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi.
 
+Dropout (``dropout_p``, ``dropout_seed`` or an explicit keep mask ``dropout_mask``;
+:mod:`refimpl.dropout`) weights the values with ``P * Z``, ``Z = M / (1 - p)``, while lse stays
+the undropped softmax's; the backward then has ``dV = (P * Z)^T dO`` and
+``dS = P * (Z * dP - Delta)`` (``Delta = rowsum(dO * O)`` of the dropped O, which equals
+``rowsum(P * Z * dP)``).
+
 With ``bounds=True`` the backward also returns the same sums taken over absolute values
 (``|dO|``, ``|V|``, ``|Q|``, ``|K|``, ``|P (dP - Delta)| <= P (|dO||V|^T + |dO|.|O|)``): the
 magnitude that rounding errors scale with, even where the gradient itself cancels to ~0.
@@ -33,6 +39,7 @@ import math
 import torch
 
 from ..contract.validate import check_dense
+from .dropout import dropout_weights
 from .masks import mask_mod, score_mod
 from .online_softmax import NEG_INF, SoftmaxState
 
@@ -78,21 +85,26 @@ def attention_golden(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
+    dropout_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks."""
     _, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
+    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
     state = _initial_state(q, v.shape[-1], sinks)
-    for _, vc, s, _ in _key_chunks(q.to(torch.float64), k, v, group, scale, mods, chunk):
-        state = state.merge(SoftmaxState.from_scores(s, vc))
+    for _, vc, s, _, z in _key_chunks(q.to(torch.float64), k, v, group, scale, mods, chunk, weights=weights):
+        state = state.merge(SoftmaxState.from_scores(s, vc, z))
     return state.finalize()
 
 
-def _key_chunks(q64, k, v, group, scale, mods, chunk, grad=False):
+def _key_chunks(q64, k, v, group, scale, mods, chunk, grad=False, weights=None):
     """Per key chunk: float64 keys and values (expanded to the query heads), the modified and
-    masked logits (-inf where the key is not visible) and, with ``grad``, the map
-    ``dS -> dS_raw`` through the score mod (identity without one). Memory O(Nq * chunk)."""
+    masked logits (-inf where the key is not visible), with ``grad`` the map ``dS -> dS_raw``
+    through the score mod (identity without one) and the dropout's ``Z`` of ``weights``
+    (``None`` without). Memory O(Nq * chunk)."""
     mask_fn, score_fn = mods
     k64, v64 = expand_kv(k.to(torch.float64), group), expand_kv(v.to(torch.float64), group)
     nk = k.shape[2]
@@ -115,7 +127,8 @@ def _key_chunks(q64, k, v, group, scale, mods, chunk, grad=False):
             s = s.detach()
         if mask_fn is not None:
             s = s.masked_fill(~mask_fn(b_idx, h_idx, q_idx, kv_idx), NEG_INF)
-        yield kc, vc, s, chain
+        z = None if weights is None else weights(b_idx, h_idx, q_idx, kv_idx)
+        yield kc, vc, s, chain, z
 
 
 def _chain(s: torch.Tensor, raw: torch.Tensor):
@@ -143,17 +156,22 @@ def attention_golden_backward(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
+    dropout_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Float64 gradients ``(dq, dk, dv)``, and ``dsinks`` (Hq,) after them when ``sinks`` is
     given, for upstream gradient ``do`` of the output ``o``; with ``bounds`` followed by the same
     number of bounds computed from absolute values."""
     hq, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
-    variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks)
+    variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                   dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_mask=dropout_mask)
     o, lse = attention_golden(
         q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant
     )
     mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
+    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
     q64, do64 = q.to(torch.float64), do.to(torch.float64)
     nk = k.shape[2]
     delta = (do64 * o).sum(-1, keepdim=True)
@@ -164,17 +182,20 @@ def attention_golden_backward(
     abs_delta = (abs_do * o.abs()).sum(-1, keepdim=True)
     dq_abs = torch.zeros_like(q64)
     dk_abs_parts, dv_abs_parts = [], []
-    for kc, vc, s, chain in _key_chunks(q64, k, v, group, scale, mods, chunk, grad=True):
+    for kc, vc, s, chain, z in _key_chunks(q64, k, v, group, scale, mods, chunk, grad=True, weights=weights):
         p = torch.exp(s - lse_safe)
-        dv_parts.append(p.transpose(-1, -2) @ do64)
-        ds = p * (do64 @ vc.transpose(-1, -2) - delta)
+        pz = p if z is None else p * z  # the dropped probabilities that weight V
+        dv_parts.append(pz.transpose(-1, -2) @ do64)
+        dp = do64 @ vc.transpose(-1, -2)
+        ds = p * ((dp if z is None else z * dp) - delta)
         if chain is not None:
             ds = chain(ds)
         dq += scale * (ds @ kc)
         dk_parts.append(scale * (ds.transpose(-1, -2) @ q64))
         if bounds:
-            dv_abs_parts.append(p.transpose(-1, -2) @ abs_do)
-            ds_abs = p * (abs_do @ vc.abs().transpose(-1, -2) + abs_delta)
+            dv_abs_parts.append(pz.transpose(-1, -2) @ abs_do)
+            dp_abs = abs_do @ vc.abs().transpose(-1, -2)
+            ds_abs = p * ((dp_abs if z is None else z * dp_abs) + abs_delta)
             if chain is not None:
                 ds_abs = chain(ds_abs).abs()
             dq_abs += scale * (ds_abs @ kc.abs())

@@ -11,7 +11,8 @@ or paged (num_pages, page_size, Hkv, D) with logical page p of batch element b a
 convention with Nk = cache_seqlens[b]). o (B, Nq, Hq, Dv), lse (B, Hq, Nq).
 
 ``alibi_slopes`` of shape (B, Hq) give each sequence its row; ``(Hq,)`` slopes and ``sinks`` are
-shared. Any dense reference ``fn(q, k, v, **kw)`` with (B, H, N, D) tensors can be lifted.
+shared; dropout gives varlen sequence s the keep mask of batch element s (:mod:`refimpl.dropout`).
+Any dense reference ``fn(q, k, v, **kw)`` with (B, H, N, D) tensors can be lifted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from .dropout import sequence_dropout
 from .golden import attention_golden, attention_golden_backward
 from .yardstick import attention_yardstick
 
@@ -50,7 +52,8 @@ def varlen_apply(fn: Dense, q, k, v, cu_seqlens_q, cu_seqlens_k, **kw) -> tuple[
     """Dense ``fn`` -> ``(o, lse)`` on each sequence, packed: o (Tq, Hq, Dv), lse (Hq, Tq)."""
     outs, lses = [], []
     for s, (sq, sk) in enumerate(sequence_slices(cu_seqlens_q, cu_seqlens_k)):
-        o, lse = fn(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), **sequence_kwargs(kw, s))
+        qs, ks = _bhnd(q[sq]), _bhnd(k[sk])
+        o, lse = fn(qs, ks, _bhnd(v[sk]), **sequence_dropout(sequence_kwargs(kw, s), s, qs, ks))
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
     if not outs:
@@ -75,8 +78,10 @@ def varlen_golden_backward(
     ``bounds`` their absolute-value bounds, as :func:`refimpl.attention_golden_backward`."""
     parts: list[tuple[torch.Tensor, ...]] = []
     for s, (sq, sk) in enumerate(sequence_slices(cu_seqlens_q, cu_seqlens_k)):
+        qs, ks = _bhnd(q[sq]), _bhnd(k[sk])
         g = attention_golden_backward(
-            _bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), _bhnd(do[sq]), bounds=bounds, **sequence_kwargs(kw, s)
+            qs, ks, _bhnd(v[sk]), _bhnd(do[sq]), bounds=bounds,
+            **sequence_dropout(sequence_kwargs(kw, s), s, qs, ks),
         )
         parts.append(g)
     n = len(parts[0]) // (2 if bounds else 1)

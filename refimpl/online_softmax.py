@@ -50,11 +50,15 @@ class SoftmaxState:
         )
 
     @classmethod
-    def from_scores(cls, s: torch.Tensor, v: torch.Tensor) -> SoftmaxState:
-        """State of one key block: logits ``s`` (..., N, K) with -inf where masked, values (..., K, Dv)."""
+    def from_scores(
+        cls, s: torch.Tensor, v: torch.Tensor, weights: torch.Tensor | None = None
+    ) -> SoftmaxState:
+        """State of one key block: logits ``s`` (..., N, K) with -inf where masked, values (..., K, Dv).
+        ``weights`` (..., N, K) multiply the probabilities that weight the values (dropout's
+        ``M / (1 - p)``): ``acc = (p * weights) @ v``, while ``m`` and ``l`` stay the softmax's."""
         m = s.amax(dim=-1)
         p = torch.exp(s - torch.where(m == NEG_INF, 0.0, m)[..., None])
-        return cls(m=m, l=p.sum(dim=-1), acc=p @ v)
+        return cls(m=m, l=p.sum(dim=-1), acc=(p if weights is None else p * weights) @ v)
 
     def merge(self, other: SoftmaxState) -> SoftmaxState:
         """Combine the states of two disjoint key sets."""

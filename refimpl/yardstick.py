@@ -5,7 +5,8 @@ implementation makes on the same problem, in the same dtype. The tolerance model
 kernel's error against the golden in units of the yardstick's error. It materialises the
 (Nq, Nk) score matrix, so it is for test-sized problems only. Gradients come from autograd
 through it, in the input dtype. Variants are applied with the golden's mods
-(:mod:`refimpl.masks`); sinks are one more logit column with no value.
+(:mod:`refimpl.masks`); sinks are one more logit column with no value; dropout multiplies the
+normalised probabilities by ``M / (1 - p)`` (:mod:`refimpl.dropout`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from ..contract.validate import check_dense
+from .dropout import dropout_weights
 from .golden import default_scale, expand_kv
 from .masks import mask_mod, score_mod
 
@@ -29,6 +31,9 @@ def attention_yardstick(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
+    dropout_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` in the input dtype; differentiable. Empty rows give o = 0, lse = -inf (or the
     sink logit)."""
@@ -60,4 +65,7 @@ def attention_yardstick(
         p = p[..., :nk]
     elif mask is not None:
         p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
+    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
+    if weights is not None:
+        p = p * weights(*idx).to(p.dtype)
     return p @ v, lse
