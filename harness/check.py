@@ -264,9 +264,17 @@ def gradient_names(problem: Problem) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=16)
 def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> tuple[Outputs, Outputs]:
     """Golden (float64) and yardstick (input dtype) outputs for ``problem``, cached."""
+    return references_with(problem, alignment, tf32, backward)
+
+
+def references_with(
+    problem: Problem, alignment: str, tf32: bool, backward: bool, extra: dict | None = None
+) -> tuple[Outputs, Outputs]:
+    """:func:`references` with ``extra`` keywords for both references (a kernel's own dropout keep
+    mask, ``dropout_mask``: the dropout properties), uncached."""
     golden_fn, golden_bwd, yard_fn = REFERENCES[problem.mode]
     inp = problem.kernel_inputs()
-    kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **inp.kwargs)
+    kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **inp.kwargs, **(extra or {}))
     o, lse = golden_fn(*inp.args, **kw)
     golden = Outputs(o, lse, conditioning=conditioning(problem))
     names = gradient_names(problem)
@@ -280,7 +288,7 @@ def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> 
             for n, t in zip(names, found[len(names) :], strict=True)
         }
     yin = problem.kernel_inputs(requires_grad=backward)
-    ykw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **yin.kwargs)
+    ykw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **yin.kwargs, **(extra or {}))
     with yardstick_precision(tf32, yin.args[0]), torch.set_grad_enabled(backward):
         oy, lsey = yard_fn(*yin.args, **ykw)
         yard = Outputs(oy.detach(), lsey.detach())
@@ -317,10 +325,12 @@ def budget_dtype(problem: Problem, name: str) -> torch.dtype:
     return torch.float32 if name == "dsinks" and problem.dtype == torch.float64 else problem.dtype
 
 
-def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]) -> list[Comparison]:
+def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...],
+          refs: tuple[Outputs, Outputs] | None = None) -> list[Comparison]:
     """Compare the named tensors of ``out`` with golden; lse only when the kernel returns it. An o
-    or lse of another dtype or shape than the contract's (:mod:`contract.outputs`) fails outright."""
-    golden, yard = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))
+    or lse of another dtype or shape than the contract's (:mod:`contract.outputs`) fails outright.
+    ``refs``: the golden and yardstick to judge by (default: the problem's, :func:`reference_for`)."""
+    golden, yard = refs or reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))
     cond = golden.conditioning  # the floor's logit term: raw logits, lse and values' sizes
     logit_size = cond.logit_size(golden.lse)
     results = []
@@ -345,16 +355,17 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
 
 
 def assert_close_to_golden(
-    kernel: Kernel, problem: Problem, prop: str, out: Outputs, names: tuple[str, ...]
+    kernel: Kernel, problem: Problem, prop: str, out: Outputs, names: tuple[str, ...],
+    refs: tuple[Outputs, Outputs] | None = None,
 ) -> None:
     """Fail unless each named tensor of ``out`` is within its budget of the golden: the report
     has every comparison, the symptom (:class:`harness.symptoms.Symptom`) and the diagnoses
     (:mod:`harness.diagnosis`: a neighbouring convention or row pattern of a wrong forward; for a
-    wrong backward with a right forward, which gradients match)."""
-    results = judge(kernel, problem, out, names)
+    wrong backward with a right forward, which gradients match). ``refs`` as :func:`judge`'s."""
+    results = judge(kernel, problem, out, names, refs)
     bad = [r for r in results if not r.ok]
     if bad:
-        golden = reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names))[0]
+        golden = (refs or reference_for(kernel, problem, backward=any(n in GRADIENTS for n in names)))[0]
         actual = {r.name: getattr(out, r.name) for r in results}
         expected = {r.name: getattr(golden, r.name) for r in results}
         details = [r.describe() for r in results]

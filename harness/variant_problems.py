@@ -176,6 +176,7 @@ def variant_problems(
     derive: Derive | None = None,
     where: Where | None = None,
     related: Related | None = None,
+    dropout_ps: tuple[float, ...] = DROPOUT_PS,
 ) -> Problem:
     """A declared problem that uses ``variant``; other declared ``modifiers`` join at random.
 
@@ -184,7 +185,7 @@ def variant_problems(
     gradients the kernel declares; ``dtypes`` and ``causal`` as for :func:`candidate_problems`;
     ``derive``, ``where`` and ``related`` as for :func:`problems` (the problem the property
     runs, made from the draw; its own condition on it; the problems it derives from it and
-    runs too, every one declared)."""
+    runs too, every one declared); ``dropout_ps``: the dropout probabilities drawn for ``dropout``."""
     if not caps.declares_variant(variant):
         raise ValueError(f"variant {variant!r} is not declared")
     if mode is None:  # the row's entry points among the declared (its own one where it names one)
@@ -208,7 +209,7 @@ def variant_problems(
     required = variant if variant in MODIFIERS else None
     p = draw(_modifiers(caps, base, required, modifiers))
     if variant == "dropout":
-        p = p.replace(dropout=(draw(st.sampled_from(DROPOUT_PS)), draw(dropout_seeds())))
+        p = p.replace(dropout=(draw(st.sampled_from(dropout_ps)), draw(dropout_seeds())))
     return checked(caps, p, derive=derive, where=where, related=related, backward=backward)
 
 

@@ -248,7 +248,7 @@ MUTANTS: tuple[Mutant, ...] = (
         BLOCKED,
         "                l = alpha * l + p.sum(-1)  # noqa: E741\n"
         "                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)\n"
-        "                p = p if z is None else p * z  # the kept probabilities weight V; l stays the softmax's\n"
+        "                p = p if z is None else p * z  # P * Z weights V; l stays the softmax's\n"
         "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n",
         "                l = (alpha * l + p.sum(-1)).to(q.dtype).to(acc_t)  # noqa: E741\n"
         "                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)\n"
@@ -432,6 +432,63 @@ MUTANTS: tuple[Mutant, ...] = (
         "sink gradient sign wrong",
         "The learnable sinks' gradient has the wrong sign (d lse / d z = +p_sink, but d o / d z = "
         "-p_sink * o): training pushes the sinks the wrong way.",
+    ),
+    # ----------------------------------------------------------- blocked dropout (refimpl/blocked.py)
+    Mutant(
+        "blocked_dropout_no_rescale",
+        BLOCKED,
+        "    return var.dropout.factor(batch, h, rows[None, :, None], cols[None, None, :], dtype)\n",
+        "    return var.dropout.keep(batch, h, rows[None, :, None], cols[None, None, :]).to(dtype)\n",
+        "dropout without the 1/(1-p) rescale",
+        "Dropped probabilities are zeroed but the kept ones are not scaled by 1/(1 - p), in the "
+        "forward and the backward alike (so the gradients match the forward): o is biased by a "
+        "factor 1 - p. The rescale FlashAttention folds into its final normalisation "
+        "(rp_dropout); a kernel that zeroes P in its inner loop and forgets it there.",
+    ),
+    Mutant(
+        "blocked_dropout_backward_fresh_mask",
+        BLOCKED,
+        "                z = _dropout(var, q.shape[0], h, rows, cols, acc_t)\n",
+        "                drop = var.dropout and replace(var.dropout, seed=var.dropout.seed + 1)\n"
+        "                z = _dropout(replace(var, dropout=drop), q.shape[0], h, rows, cols, acc_t)\n",
+        "dropout mask differs between forward and backward",
+        "The backward regenerates its mask from the next random numbers instead of the forward's "
+        "(a Philox offset advanced between the two, the RNG state not saved for the backward): "
+        "the gradients are those of another mask than the forward applied. FlashAttention saves "
+        "rng_state in its autograd context for this reason.",
+    ),
+    Mutant(
+        "blocked_dropout_heads_share_mask",
+        BLOCKED,
+        "    return var.dropout.factor(batch, h, rows[None, :, None], cols[None, None, :], dtype)\n",
+        "    return var.dropout.factor(batch, 0, rows[None, :, None], cols[None, None, :], dtype)\n",
+        "dropout RNG offset reused across heads",
+        "The mask's counter ignores the head, so every head of a batch element drops the same "
+        "entries: each head's o is still an unbiased estimate, but the heads' noise is perfectly "
+        "correlated. The per-(batch, head) Philox subsequence computed from the batch index alone.",
+    ),
+    Mutant(
+        "blocked_dropout_batch_share_mask",
+        BLOCKED,
+        "    batch = torch.arange(b, device=rows.device)[:, None, None]\n",
+        "    batch = torch.zeros(b, dtype=torch.int64, device=rows.device)[:, None, None]\n",
+        "dropout RNG offset reused across batch elements",
+        "The mask's counter ignores the batch element, so every sequence of a batch drops the "
+        "same entries. The per-(batch, head) Philox offset computed from the head index alone.",
+    ),
+    Mutant(
+        "blocked_dropout_before_normalisation",
+        BLOCKED,
+        "                l = alpha * l + p.sum(-1)  # noqa: E741\n"
+        "                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)\n"
+        "                p = p if z is None else p * z  # P * Z weights V; l stays the softmax's\n",
+        "                z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)\n"
+        "                p = p if z is None else p * z\n"
+        "                l = alpha * l + p.sum(-1)  # noqa: E741\n",
+        "dropout applied before the softmax normalisation",
+        "The forward drops (and rescales) exp(S - m) before the row sum is taken, so the output is "
+        "renormalised over the kept keys and lse is that of the kept logits, not the undropped "
+        "softmax's: dropout of the unnormalised scores, as a mask added to the logits.",
     ),
     # ------------------------------------- blocked intermediate precision (refimpl/blocked.py)
     Mutant(

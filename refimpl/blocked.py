@@ -272,7 +272,7 @@ def _forward(
                 alpha = torch.exp(m - m_safe)
                 l = alpha * l + p.sum(-1)  # noqa: E741
                 z = _dropout(var, b, h, rows, cols[: kj.shape[1]], acc_t)
-                p = p if z is None else p * z  # the kept probabilities weight V; l stays the softmax's
+                p = p if z is None else p * z  # P * Z weights V; l stays the softmax's
                 acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj
                 m = m_new
             empty = l == 0

@@ -11,8 +11,8 @@ b the batch element (a varlen call's sequence index), h the query head, i the qu
 key's position (in its sequence, for varlen). ``P(M = 1) = 1 - ceil(p 2^32) / 2^32``, which is
 ``1 - p`` to within ``2^-32``; p = 0 keeps every entry.
 
-The hash absorbs the words ``(s_hi, b, h, i, j)`` into a 32-bit state started at ``s_lo``
-(``s = s_hi 2^32 + s_lo``, ``0 <= s < 2^64``), one word a round:
+The hash absorbs the words ``(s_lo, s_hi, b, h, i, j)`` (``s = s_hi 2^32 + s_lo``,
+``0 <= s < 2^64``) into a 32-bit state started at 0, one word a round:
 
     state <- fmix32(((state ^ word) + 0x9E3779B9) mod 2^32)
 
@@ -69,8 +69,8 @@ def dropout_hash(
     seed: int, b: torch.Tensor | int, h: torch.Tensor | int, i: torch.Tensor, j: torch.Tensor
 ) -> torch.Tensor:
     """``hash(seed, b, h, i, j)`` in ``[0, 2^32)`` (int64), broadcasting the int64 index tensors."""
-    state = torch.as_tensor(seed & MASK32, dtype=torch.int64, device=i.device)
-    for word in (seed >> 32, b, h, i, j):
+    state = torch.zeros((), dtype=torch.int64, device=i.device)
+    for word in (seed & MASK32, seed >> 32, b, h, i, j):
         state = _absorb(state, word)
     return state
 
