@@ -349,7 +349,8 @@ def test_dropout_mean_converges_to_the_golden(kernel, device, sizes):
 
     strategy = _problems(kernel, device, sizes, mode="dense", dropout_ps=POSITIVE,
                          derive=lambda p: p.replace(block_m=None, block_n=None),
-                         related=lambda p: [p.replace(dropout=(0.0, p.dropout[1]))])
+                         related=lambda p: [p.replace(dropout=(0.0, p.dropout[1])),
+                                            *(_seeded(p, p.dropout[1] + s) for s in range(1, SEEDS))])
     run_property(kernel, prop, strategy, check, weight=0.25)
 
 

@@ -61,4 +61,5 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, **kwa
 
 attention.varlen = varlen
 attention.kvcache = kvcache
+attention.dropout_mask = blocked.dropout_mask  # the same mask: the order changes only the rounding
 attention.capabilities = replace(blocked.attention.capabilities, dtypes=DTYPES)
