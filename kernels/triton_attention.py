@@ -38,6 +38,7 @@ above holds for each sequence alone with its own Nq_s, Nk_s and c = Nk_s - Nq_s.
 over the longest sequences' tiles times sequences times heads; each program reads its
 sequence's bounds from cu_seqlens and exits at once when its tile lies past the sequence's
 end; tiles address the sequence's rows from its first token, so the loops are the dense ones.
+The backward preprocess needs no sequences: it runs on the pack as one batch element.
 
 Conventions (the flashprop kernel contract: the README's conventions table):
 
@@ -83,7 +84,9 @@ pointer loads. ``FLASHPROP_TRITON_TMA=0`` forces the pointer loads everywhere (t
 
 CPU: under ``TRITON_INTERPRET=1`` (read when this module is imported, as Triton does) the same
 kernels run in Triton's interpreter on CPU tensors. The interpreter multiplies bf16 bit patterns
-in ``tl.dot`` (triton issue 11584), so bf16 is refused there.
+in ``tl.dot`` (triton issue 11584), so bf16 is refused there. Two changes to the interpreter
+are made at import: numpy >= 2.4's scalar conversion (:func:`_fix_interpreter_index_for_numpy_2_4`)
+and no re-patching in this module's helpers (:func:`_skip_repatching_in_helpers`).
 """
 
 import contextlib
