@@ -19,6 +19,9 @@ elementwise with a golden that draws another. What the contract fixes, and these
     dropout-mask-golden   (``fn.dropout_mask``) o, lse (and gradients) against the golden computed
                           with the kernel's own mask: the exact check
 
+A failure's repro makes the call (its golden would be the reference mask's, not the kernel's);
+its replay command reruns the property on the problem.
+
 The statistical properties are built to fail a correct kernel with probability at most
 :data:`FALSE_ALARM` per example, assuming only that its keep decisions are independent
 Bernoulli(1 - p) draws across entries and seeds. The mean's bound: with ``M_sij`` the mask of
@@ -147,7 +150,7 @@ def test_dropout_same_seed_reproduces_bitwise(kernel, device, sizes):
         diffs = _bitwise_differences(first, second, names)
         if diffs:
             raise PropertyFailure(failure(kernel, p, prop, ["two runs with the same dropout_seed differ:",
-                                                            *diffs], backward=backward))
+                                                            *diffs], judged=()))
 
     strategy = _problems(kernel, device, sizes, backward=backward, dropout_ps=POSITIVE)
     run_property(kernel, prop, strategy, check, weight=0.5)
@@ -166,7 +169,7 @@ def test_dropout_seeds_differ(kernel, device, sizes):
             raise PropertyFailure(failure(kernel, p, prop, [
                 f"dropout_seed={p.dropout[1]} and {other.dropout[1]} give the same o: the mask does not "
                 f"depend on the seed (two independent masks of {_entries(p)} entries agree with "
-                f"probability {_agreement(p.dropout[0], _entries(p)):.1e})"]))
+                f"probability {_agreement(p.dropout[0], _entries(p)):.1e})"], judged=()))
 
     strategy = _problems(kernel, device, sizes, dropout_ps=DIFFERING, derive=_plain,
                          related=lambda p: [_seeded(p, p.dropout[1] + 1)])
@@ -345,7 +348,7 @@ def test_dropout_mean_converges_to_the_golden(kernel, device, sizes):
                 f"{projected:.4g}, bound {along:.3e} (Bernstein at {FALSE_ALARM / 2:g} plus rounding): the "
                 f"mean is about {1 + projected / square:.4g} times the golden (1 - p = {1 - p.dropout[0]:g})")
         if details:
-            raise PropertyFailure(failure(kernel, p, prop, details))
+            raise PropertyFailure(failure(kernel, p, prop, details, judged=()))
 
     strategy = _problems(kernel, device, sizes, mode="dense", dropout_ps=POSITIVE,
                          derive=lambda p: p.replace(block_m=None, block_n=None),
@@ -378,11 +381,11 @@ def test_dropout_gradcheck(kernel, device, sizes):
             ok = torch.autograd.gradcheck(o, inp.args[:3], fast_mode=True, raise_exception=False)
         except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
             said = f"gradcheck raised {type(err).__name__}: {str(err).strip().splitlines()[0]}"
-            raise PropertyFailure(failure(kernel, p, prop, [said], backward=True)) from err
+            raise PropertyFailure(failure(kernel, p, prop, [said], judged=())) from err
         if not ok:
             raise PropertyFailure(failure(kernel, p, prop, [
                 "analytical and finite-difference (float64) Jacobians of o differ at the same dropout_seed "
-                "(fast mode): the backward's mask or scale is not the forward's"], backward=True))
+                "(fast mode): the backward's mask or scale is not the forward's"], judged=()))
 
     strategy = _problems(kernel, device, _tiny(caps, sizes), backward=True, dtypes=(torch.float64,),
                          dropout_ps=POSITIVE)
