@@ -42,7 +42,7 @@ from pathlib import Path
 from types import ModuleType
 
 from flashprop.contract.capabilities import FULL_SUPPORT
-from flashprop.contract.registry import BUILTIN, Kernel, KernelSpecError, KernelUnavailable
+from flashprop.contract.registry import BUILTIN, Kernel, KernelSpecError, KernelUnavailable, import_file
 
 
 class RevisionError(ValueError):
@@ -168,16 +168,7 @@ def _import(target: str, alias: str) -> ModuleType:
     path = Path(target)
     if not path.is_file():
         raise KernelSpecError(f"{path.name} does not exist at that revision ({path})")
-    name = f"{alias}_{path.stem}"
-    mod_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(mod_spec)
-    sys.modules[name] = module
-    try:
-        mod_spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    return import_file(f"{alias}_{path.stem}", path)
 
 
 def import_kernel_at(spec: str, tree: Path, repo: Path, alias: str, label: str) -> Kernel:

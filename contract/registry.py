@@ -31,6 +31,7 @@ To add a kernel adapter:
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -157,6 +158,30 @@ def _folder_listing(folder: Path, suffix: str = ".py") -> str:
     return f"{folder} holds {shown}"
 
 
+class SourceLoader(importlib.machinery.SourceFileLoader):
+    """Runs a kernel file's current text, never a cached ``.pyc``, and writes none: the cache is
+    keyed by the file's mtime in whole seconds and its size, so a file edited within the second
+    it was cached, to the same size (``REPEAT = 1`` made ``REPEAT = 2``, a bisect's next
+    revision), would run its old code; and a user's folder gets no ``__pycache__``."""
+
+    def get_code(self, fullname: str):
+        return compile(self.get_data(self.path), self.path, "exec", dont_inherit=True)
+
+
+def import_file(name: str, path: Path):
+    """Module ``name`` from the file ``path`` (by :class:`SourceLoader`), in ``sys.modules``
+    while it runs; an error leaves no module behind."""
+    mod_spec = importlib.util.spec_from_file_location(name, path, loader=SourceLoader(name, str(path)))
+    module = importlib.util.module_from_spec(mod_spec)
+    sys.modules[name] = module
+    try:
+        mod_spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
 def _import_module(spec: str, target: str):
     """Import ``target`` (a module name, or a path ending in ``.py``). A target that does not exist
     raises :class:`KernelSpecError`; one that exists but fails to import (a package it needs is
@@ -166,16 +191,10 @@ def _import_module(spec: str, target: str):
         if not path.is_file():
             listing = _folder_listing(path.parent)
             raise KernelSpecError(f"kernel {spec}: file {target} does not exist ({listing})")
-        name = f"flashprop_user_{path.stem}"
-        mod_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[name] = module
         try:
-            mod_spec.loader.exec_module(module)
+            return import_file(f"flashprop_user_{path.stem}", path)
         except Exception as err:
-            del sys.modules[name]
             raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
-        return module
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as err:

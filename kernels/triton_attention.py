@@ -1005,7 +1005,7 @@ _AUTOTUNE_MIN_SCORES: int = 512 * 512
 #: key that the kernels do not otherwise use). With one key per head dim the first problem seen
 #: (in the benchmark grid: N = 512) picked the tiles for every N, and the causal forward at
 #: N = 2k ran at 0.96-0.98x SDPA flash on the H200; with this key (and heaviest-first causal
-#: tiles) 1.07-1.23x (docs/results/runs/2026-11-29-h200-s9).
+#: tiles) 1.07-1.23x (docs/results/2026-11-29-h200-s9.md).
 _LONG_SEQUENCE: int = 2048
 
 

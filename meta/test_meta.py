@@ -329,6 +329,21 @@ def test_registry_loads_names_modules_and_files(tmp_path: Path):
         load_kernel("no-such-kernel")
 
 
+def test_a_kernel_file_runs_its_current_text(tmp_path: Path):
+    """A kernel loaded from a file runs the file as it is now: edited to the same size within the
+    same second (what a .pyc cache cannot tell apart), the edit runs; no __pycache__ is left."""
+    import os
+
+    path = tmp_path / "kern.py"
+    path.write_text("def attn(q, k, v, **kw):\n    return 1\n")
+    assert load_kernel(f"{path}:attn").fn(None, None, None) == 1
+    stamp = path.stat().st_mtime_ns
+    path.write_text("def attn(q, k, v, **kw):\n    return 2\n")
+    os.utime(path, ns=(stamp, stamp))
+    assert load_kernel(f"{path}:attn").fn(None, None, None) == 2
+    assert not (tmp_path / "__pycache__").exists()
+
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
