@@ -184,7 +184,7 @@ def test_runs_sharing_a_redis_database_replay_a_failure_first(tmp_path: Path, re
         probe = tmp_path / f"probe{i}.json"
         env = {**os.environ, "FLASHPROP_PROBE_OUT": str(probe)}
         run = _pytest("properties/test_golden.py::test_forward_matches_golden", "--kernel", f"{kernel}:attn",
-                      "--hypothesis-profile", "fuzz", "--max-examples", "300", "--example-db", url,
+                      "--hypothesis-profile", "fuzz", "--max-examples", "1000", "--example-db", url,
                       "-p", "mutants.probe", env=env)
         assert run.returncode == 1 and "property 'forward' failed" in run.stdout, run.stdout + run.stderr
         found.append(json.loads(probe.read_text())[f"{kernel}:attn"])  # the probe's entry of the kernel
