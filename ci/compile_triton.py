@@ -24,6 +24,7 @@ Prints shared memory per kernel; exits 1 on the first failure.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
@@ -316,16 +317,35 @@ def main() -> int:
                   f"its kernel takes {takes} of {list(ta._TUNING_KEY)}", file=sys.stderr)
             return 1
     total = time.perf_counter()
-    for label, fn, meta, options, specialize, pointer in cases:
-        try:
-            seconds, smem = compile_kernel(fn, meta, options["num_warps"], options["num_stages"],
-                                           specialize, pointer)
-        except Exception as err:  # any compiler error fails the check, with its message
-            print(f"compile-triton: FAILED {label}: {type(err).__name__}: {err}", file=sys.stderr)
+    _CASES[:] = cases
+    jobs = min(len(cases), len(os.sched_getaffinity(0)))
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:  # the workers inherit _CASES
+        results = pool.map(_compile_one, range(len(cases)), chunksize=1)
+    for label, found, error in results:
+        if error is not None:  # any compiler error fails the check, with its message
+            print(f"compile-triton: FAILED {label}: {error}", file=sys.stderr)
             return 1
-        print(f"compile-triton: sm_90a {label}: {seconds:.1f} s, {smem} B shared memory")
-    print(f"compile-triton: {len(cases)} kernels compiled in {time.perf_counter() - total:.0f} s")
+        print(f"compile-triton: sm_90a {label}: {found}")
+    print(f"compile-triton: {len(cases)} kernels compiled in {time.perf_counter() - total:.0f} s "
+          f"({jobs} processes)")
     return 0
+
+
+#: The cases of :func:`main`, for its pool's forked workers (which take them by index: a jitted
+#: function does not pickle).
+_CASES: list = []
+
+
+def _compile_one(index: int) -> tuple[str, str | None, str | None]:
+    """Compile case ``index`` of :data:`_CASES`: its label, what it took (or ``None``), the
+    compiler's error (or ``None``)."""
+    label, fn, meta, options, specialize, pointer = _CASES[index]
+    try:
+        seconds, smem = compile_kernel(fn, meta, options["num_warps"], options["num_stages"], specialize,
+                                       pointer)
+    except Exception as err:
+        return label, None, f"{type(err).__name__}: {err}"
+    return label, f"{seconds:.1f} s, {smem} B shared memory", None
 
 
 if __name__ == "__main__":
