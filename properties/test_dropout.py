@@ -357,41 +357,6 @@ def test_dropout_mean_converges_to_the_golden(kernel, device, sizes):
     run_property(kernel, prop, strategy, check, weight=0.25)
 
 
-# ---------------------------------------------------------------------------------- gradcheck
-def test_dropout_gradcheck(kernel, device, sizes):
-    """The backward is the gradient of the forward at the same seed: float64 finite differences
-    of o (fast mode) with dropout_p and dropout_seed fixed, dense and varlen, on tiny problems."""
-    _require(kernel, backward=True)
-    caps = kernel.capabilities
-    if torch.float64 not in caps.dtypes:
-        pytest.skip(f"kernel {kernel.name} does not declare float64 (finite differences need it)")
-    prop = "dropout-gradcheck"
-
-    def check(kernel: Kernel, p: Problem) -> None:
-        inp = p.kernel_inputs(requires_grad=True)
-        rest = inp.args[3:]
-        kw = {name: val.detach() if isinstance(val, torch.Tensor) else val
-              for name, val in inp.kwargs.items()}
-
-        def o(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            return kernel.call(p.mode, (q, k, v, *rest), kw, causal=p.causal, scale=p.scale,
-                               block_m=p.block_m, block_n=p.block_n)[0]
-
-        try:
-            ok = torch.autograd.gradcheck(o, inp.args[:3], fast_mode=True, raise_exception=False)
-        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
-            said = f"gradcheck raised {type(err).__name__}: {str(err).strip().splitlines()[0]}"
-            raise PropertyFailure(failure(kernel, p, prop, [said], judged=())) from err
-        if not ok:
-            raise PropertyFailure(failure(kernel, p, prop, [
-                "analytical and finite-difference (float64) Jacobians of o differ at the same dropout_seed "
-                "(fast mode): the backward's mask or scale is not the forward's"], judged=()))
-
-    strategy = _problems(kernel, device, _tiny(caps, sizes), backward=True, dtypes=(torch.float64,),
-                         dropout_ps=POSITIVE)
-    run_property(kernel, prop, strategy, check, weight=0.5)
-
-
 # --------------------------------------------------------------------- the kernel's own mask
 def _mask_of(kernel: Kernel, p: Problem, prop: str, inp: KernelInputs) -> torch.Tensor:
     """``fn.dropout_mask`` of the call: a bool (B, Hq, Nq, Nk) tensor, or a failure."""
@@ -407,8 +372,6 @@ def _mask_of(kernel: Kernel, p: Problem, prop: str, inp: KernelInputs) -> torch.
         raise PropertyFailure(failure(kernel, p, prop, [], judged=(),
                                       error=f"fn.dropout_mask returned {got}, not a bool tensor {want}"))
     return mask
-
-
 
 
 def test_dropout_mask_drops_a_fraction_p(kernel, device, sizes):
@@ -455,3 +418,38 @@ def test_dropout_matches_the_golden_with_the_kernels_mask(kernel, device, sizes)
     strategy = _problems(kernel, device, sizes, mode="dense", backward=backward)
     run_property(kernel, prop, strategy, check, weight=0.5)
 
+
+# ---------------------------------------------------------------------------------- gradcheck
+# (last: finite differences are the slowest check, and the exact ones above catch most first)
+def test_dropout_gradcheck(kernel, device, sizes):
+    """The backward is the gradient of the forward at the same seed: float64 finite differences
+    of o (fast mode) with dropout_p and dropout_seed fixed, dense and varlen, on tiny problems."""
+    _require(kernel, backward=True)
+    caps = kernel.capabilities
+    if torch.float64 not in caps.dtypes:
+        pytest.skip(f"kernel {kernel.name} does not declare float64 (finite differences need it)")
+    prop = "dropout-gradcheck"
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        inp = p.kernel_inputs(requires_grad=True)
+        rest = inp.args[3:]
+        kw = {name: val.detach() if isinstance(val, torch.Tensor) else val
+              for name, val in inp.kwargs.items()}
+
+        def o(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return kernel.call(p.mode, (q, k, v, *rest), kw, causal=p.causal, scale=p.scale,
+                               block_m=p.block_m, block_n=p.block_n)[0]
+
+        try:
+            ok = torch.autograd.gradcheck(o, inp.args[:3], fast_mode=True, raise_exception=False)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
+            said = f"gradcheck raised {type(err).__name__}: {str(err).strip().splitlines()[0]}"
+            raise PropertyFailure(failure(kernel, p, prop, [said], judged=())) from err
+        if not ok:
+            raise PropertyFailure(failure(kernel, p, prop, [
+                "analytical and finite-difference (float64) Jacobians of o differ at the same dropout_seed "
+                "(fast mode): the backward's mask or scale is not the forward's"], judged=()))
+
+    strategy = _problems(kernel, device, _tiny(caps, sizes), backward=True, dtypes=(torch.float64,),
+                         dropout_ps=POSITIVE)
+    run_property(kernel, prop, strategy, check, weight=0.5)
