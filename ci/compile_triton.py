@@ -47,12 +47,11 @@ TARGET = GPUTarget("cuda", 90, 32)
 POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE", "Slopes", "Sinks",
             "Table", "Lengths", "OPart", "LSEPart"}
 FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
-#: The decode kernels' int32 block table and cache lengths.
-INT32_POINTERS = {"Table", "Lengths"}
 #: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md).
 ALWAYS_FP32_POINTERS = {"Slopes", "Sinks"}
-#: A varlen launch's int32 cu_seqlens.
-INDEX_POINTERS = {"CuSeqQ", "CuSeqK"}
+#: The int32 index tensors: a varlen launch's cu_seqlens, the decode kernels' block table and
+#: cache lengths.
+INDEX_POINTERS = {"CuSeqQ", "CuSeqK", "Table", "Lengths"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2"}
 WINDOW_SIDES = {"win_left", "win_right"}
 DTYPE = torch.bfloat16
@@ -84,8 +83,6 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
             wide = "fp64" if pointer == "fp64" else "fp32"
             if name in ALWAYS_FP32_POINTERS:
                 out[name] = "*fp32"
-            elif name in INT32_POINTERS:
-                out[name] = "*i32"
             elif constants.get("COMBINE") and name in ("Out", "LSE"):  # decode's split partials
                 out[name] = f"*{wide}"
             else:
