@@ -45,6 +45,7 @@ from flashprop.contract.registry import (
     default_kernel,
     load_kernel,
 )
+from flashprop.contract.validate import CLEAR_ERRORS
 
 from .ab import DEFAULT_CONFIDENCE, FASTER, OK, REGRESSION, UNCLEAR, ratio_interval, verdict
 from .bench_attention import make_call, skip_reason, unsupported_reason
@@ -59,8 +60,6 @@ AB_MIN_ROUNDS = {"cuda": 30, "cpu": 10}
 AB_MAX_ROUNDS = 200
 BASE_ALIAS, CANDIDATE_ALIAS = "flashprop_ab_base", "flashprop_ab_candidate"
 SKIPPED = "skipped"
-#: Errors with which a kernel refuses a problem it does not support.
-_REFUSALS = (ValueError, TypeError, NotImplementedError)
 #: The grid options ``--against`` reads (``benchmarks/conftest.py``'s, environment included).
 GRID_OPTIONS = ("--bench-seqlens", "--bench-head-dims", "--bench-dtypes", "--bench-modes",
                 "--bench-variants")
@@ -122,7 +121,7 @@ def compare(candidate: Kernel, base: Kernel, cfg: Config, device: str,
             call = make_call(kern, cfg)
             warm.append(warm_up(call, device, setup))
             calls.append(call)
-        except _REFUSALS as err:
+        except CLEAR_ERRORS as err:
             return Comparison(**row, verdict=SKIPPED, reason=f"{kern.name} refused it: "
                               f"{type(err).__name__}: {err}")
         except torch.cuda.OutOfMemoryError as err:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import pytest
 import torch
 from flashprop.contract.registry import Kernel
+from flashprop.contract.validate import CLEAR_ERRORS
 
 from .conftest import (
     BenchState,
@@ -34,9 +35,6 @@ from .grid import Config, configs, size_limit_reason
 from .memory import peak_extra_bytes
 from .schema import Row
 from .timing import CLOCKS, median_seconds, rounds_for, warm_up
-
-#: Errors with which a kernel refuses a problem it does not support.
-_REFUSALS = (ValueError, TypeError, NotImplementedError)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -103,7 +101,7 @@ def anchor_seconds(state: BenchState, anchor: str, cfg: Config) -> float | None:
                 state.anchor_seconds[key] = median_seconds(
                     make_call(kern, cfg), state.device, state.setup
                 )
-            except (*_REFUSALS, torch.cuda.OutOfMemoryError) as err:
+            except (*CLEAR_ERRORS, torch.cuda.OutOfMemoryError) as err:
                 reason = f"{type(err).__name__}: {err}"
         if reason is not None:
             state.anchor_seconds[key] = reason
@@ -125,7 +123,7 @@ def test_attention_speed(
         call = make_call(kern, cfg)
         warm = warm_up(call, device, setup)  # compile and autotune before measuring memory
         peak = peak_extra_bytes(call, device)
-    except _REFUSALS as err:
+    except CLEAR_ERRORS as err:
         pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
     except torch.cuda.OutOfMemoryError as err:
         torch.cuda.empty_cache()

@@ -26,8 +26,9 @@ from collections.abc import Callable
 import pytest
 import torch
 from flashprop.contract.registry import Kernel
+from flashprop.contract.validate import CLEAR_ERRORS
 
-from .conftest import BenchState, bench_device, bench_option, parse_names
+from .conftest import BenchState, parametrize_rows
 from .decode import (
     CPU_DECODE,
     DECODE_ANCHORS,
@@ -42,22 +43,11 @@ from .decode import (
 from .schema import Row
 from .timing import CLOCKS, median_seconds, rounds_for, warm_up
 
-#: Errors with which a kernel refuses a problem it does not support.
-_REFUSALS = (ValueError, TypeError, NotImplementedError)
-
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "decode_case" not in metafunc.fixturenames:
-        return
-    config = metafunc.config
-    device = bench_device(config)
-    names = parse_names(bench_option(config, "--bench-kernels"), DECODE_KERNELS)
-    params = []
-    for cfg in configs(GPU_DECODE if device == "cuda" else CPU_DECODE, device):
-        mark = pytest.mark.benchmark(group=cfg.label, timer=CLOCKS[device].timer)
-        for name in names:
-            params.append(pytest.param((name, cfg), marks=mark, id=f"{name}:{cfg.label.replace(' ', '-')}"))
-    metafunc.parametrize("decode_case", params)
+    if "decode_case" in metafunc.fixturenames:
+        parametrize_rows(metafunc, "decode_case", DECODE_KERNELS,
+                         lambda device: configs(GPU_DECODE if device == "cuda" else CPU_DECODE, device))
 
 
 def make_call(kern: Kernel, cfg: DecodeConfig) -> Callable[[], object]:
@@ -111,7 +101,7 @@ def anchor_seconds(state: BenchState, anchor: str, cfg: DecodeConfig) -> float |
         if reason is None:
             try:
                 state.anchor_seconds[key] = median_seconds(anchor_call(kern, cfg), state.device, state.setup)
-            except (*_REFUSALS, torch.cuda.OutOfMemoryError) as err:
+            except (*CLEAR_ERRORS, torch.cuda.OutOfMemoryError) as err:
                 reason = f"{type(err).__name__}: {err}"
         if reason is not None:
             state.anchor_seconds[key] = reason
@@ -132,7 +122,7 @@ def test_decode_bandwidth(decode_case: tuple[str, DecodeConfig], benchmark, benc
     try:
         call = make_call(kern, cfg)
         warm = warm_up(call, device, setup)
-    except _REFUSALS as err:
+    except CLEAR_ERRORS as err:
         pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
     except torch.cuda.OutOfMemoryError as err:
         pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")

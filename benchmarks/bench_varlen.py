@@ -22,33 +22,24 @@ from collections.abc import Callable
 import pytest
 import torch
 from flashprop.contract.registry import Kernel
+from flashprop.contract.validate import CLEAR_ERRORS
 
 from .bench_attention import make_call as dense_call
 from .bench_attention import skip_reason as dense_skip_reason
-from .conftest import BenchState, anchor_names, bench_device, bench_option, parse_names
+from .conftest import BenchState, anchor_names, parametrize_rows
 from .grid import Config
 from .schema import Row
 from .timing import CLOCKS, median_seconds, rounds_for, warm_up
 from .varlen import CPU_VARLEN, GPU_VARLEN, VarlenConfig, configs
 
-#: Errors with which a kernel refuses a problem it does not support.
-_REFUSALS = (ValueError, TypeError, NotImplementedError)
 #: The kernels timed unless ``--bench-kernels`` names others.
 VARLEN_KERNELS = ("triton",)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "varlen_case" not in metafunc.fixturenames:
-        return
-    config = metafunc.config
-    device = bench_device(config)
-    names = parse_names(bench_option(config, "--bench-kernels"), VARLEN_KERNELS)
-    params = []
-    for cfg in configs(GPU_VARLEN if device == "cuda" else CPU_VARLEN, device):
-        mark = pytest.mark.benchmark(group=cfg.label, timer=CLOCKS[device].timer)
-        for name in names:
-            params.append(pytest.param((name, cfg), marks=mark, id=f"{name}:{cfg.label.replace(' ', '-')}"))
-    metafunc.parametrize("varlen_case", params)
+    if "varlen_case" in metafunc.fixturenames:
+        parametrize_rows(metafunc, "varlen_case", VARLEN_KERNELS,
+                         lambda device: configs(GPU_VARLEN if device == "cuda" else CPU_VARLEN, device))
 
 
 def make_call(kern: Kernel, cfg: VarlenConfig) -> Callable[[], object]:
@@ -80,7 +71,7 @@ def anchor_seconds(state: BenchState, kern: Kernel | str, name: str, cfg: Config
         if reason is None:
             try:
                 state.anchor_seconds[key] = median_seconds(dense_call(kern, cfg), state.device, state.setup)
-            except (*_REFUSALS, torch.cuda.OutOfMemoryError) as err:
+            except (*CLEAR_ERRORS, torch.cuda.OutOfMemoryError) as err:
                 reason = f"{type(err).__name__}: {err}"
         if reason is not None:
             state.anchor_seconds[key] = reason
@@ -103,7 +94,7 @@ def test_varlen_speed(varlen_case: tuple[str, VarlenConfig], benchmark, bench_st
     try:
         call = make_call(kern, cfg)
         warm = warm_up(call, device, setup)
-    except _REFUSALS as err:
+    except CLEAR_ERRORS as err:
         pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
     except torch.cuda.OutOfMemoryError as err:
         pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")

@@ -158,6 +158,24 @@ def bench_state(request: pytest.FixtureRequest) -> Iterator[BenchState]:
     torch.set_num_threads(threads)
 
 
+def parametrize_rows(metafunc: pytest.Metafunc, fixture: str, default_kernels: tuple[str, ...],
+                     rows: Callable[[str], list]) -> None:
+    """Give ``fixture`` a ``(kernel name, row)`` per row of ``rows(device)`` (each with a
+    ``label``) and kernel ``--bench-kernels`` names (default ``default_kernels``), each row a
+    benchmark group timed by the device's clock."""
+    from .timing import CLOCKS
+
+    config = metafunc.config
+    device = bench_device(config)
+    names = parse_names(bench_option(config, "--bench-kernels"), default_kernels)
+    params = []
+    for cfg in rows(device):
+        mark = pytest.mark.benchmark(group=cfg.label, timer=CLOCKS[device].timer)
+        params += [pytest.param((name, cfg), marks=mark, id=f"{name}:{cfg.label.replace(' ', '-')}")
+                   for name in names]
+    metafunc.parametrize(fixture, params)
+
+
 def kernel_names(config: pytest.Config) -> tuple[str, ...]:
     return parse_names(bench_option(config, "--bench-kernels"), BUILTIN)
 

@@ -27,6 +27,8 @@ import torch
 
 #: The most elements a 32-bit offset reaches. A kernel whose offsets are 32-bit declares
 #: ``max_elements=INT32_ELEMENTS`` and refuses larger tensors with :func:`check_elements`.
+#: The errors that count as a clear refusal (the error contract): what every check here raises.
+CLEAR_ERRORS: tuple[type[Exception], ...] = (ValueError, TypeError, NotImplementedError)
 INT32_ELEMENTS = 2**31 - 1
 
 

@@ -26,6 +26,7 @@ from ..contract.outputs import mismatch as output_mismatch
 from ..contract.outputs import mismatches as output_mismatches
 from ..contract.problem import KernelInputs, Problem
 from ..contract.registry import Kernel
+from ..contract.validate import CLEAR_ERRORS
 from ..refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from ..refimpl.layouts import (
     kvcache_golden,
@@ -59,8 +60,6 @@ REFERENCES = {
 #: Gradient names, in the order the golden backward returns them.
 GRADIENTS = ("dq", "dk", "dv", "dsinks")
 
-#: The errors that count as a clear refusal under the error contract.
-CLEAR_ERRORS = (ValueError, TypeError, NotImplementedError)
 
 
 class PropertyFailure(AssertionError):
