@@ -44,6 +44,7 @@ import torch
 from flashprop.contract.problem import DTYPES_BY_NAME, Problem
 
 from .grid import SHORT_DTYPE
+from .plotting import MISSING, pyplot
 from .schema import Row
 
 #: Below this many bytes read per call a row is launch-bound (the issue's threshold: 256 MB).
@@ -249,13 +250,9 @@ def plot(results: Iterable[Row], path: Path) -> str | None:
     rows = [r for r in decode_rows(results) if "copy" in r.ratios]
     if not rows:
         return "no decode rows to plot"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed"
+    plt = pyplot()
+    if plt is None:
+        return MISSING
     panels = sorted({(r.h, r.b) for r in rows})
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (h, b) in zip(axes[0], panels):

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
 
+from .plotting import MISSING, pyplot
+
 #: The history file's name in a results folder.
 HISTORY_NAME = "flashprop-history.jsonl"
 PLOT_NAME, TABLE_NAME = "history.png", "history.md"
@@ -196,13 +198,9 @@ def plot(found: list[Trend], path: Path) -> str | None:
     is missing or there is nothing to plot."""
     if not found:
         return "no history to plot"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install 'flashprop[report]')"
+    plt = pyplot()
+    if plt is None:
+        return MISSING
     panels: dict[tuple, list[Trend]] = {}
     for t in found:
         source, machine, kernel, _, metric = t.key

@@ -24,6 +24,7 @@ from flashprop.contract.registry import BENCH_ANCHORS
 
 from . import decode, varlen
 from .grid import SHORT_DTYPE
+from .plotting import MISSING, pyplot
 from .schema import Row, Skipped, rows, skipped
 from .timing import clock_counts
 
@@ -156,13 +157,9 @@ def plot(results: Iterable[Row], path: Path) -> str | None:
     grid = [r for r in results if _is_grid(r)]
     if not grid:
         return "no TFLOP/s results to plot"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed"
+    plt = pyplot()
+    if plt is None:
+        return MISSING
     panel_rows = sorted({(r.mode, r.dtype) for r in grid})
     panel_cols = sorted({(r.d, r.causal) for r in grid})
     fig, axes = plt.subplots(
