@@ -3,7 +3,8 @@ that times the suite's own hot paths against a fixed float64 calibration workloa
 
 ``grid.py`` is the problem grid, ``timing.py`` the timing protocol, ``memory.py`` peak memory,
 ``calibration.py`` the CPU anchors, ``schema.py`` the row every benchmark records,
-``plotting.py`` headless matplotlib, ``report.py`` the table and plot, ``gate.py`` the comparison with a baseline (per-row noise bands);
+``plotting.py`` headless matplotlib, ``report.py`` the table and plot, ``gate.py`` the
+comparison with a baseline (per-row noise bands);
 ``ab.py`` the A/B statistics, ``against.py`` ``flashprop bench --against`` (a kernel timed against
 its version at a git revision, ``revision.py``, or another kernel), ``history.py`` the history and
 its drift report, ``git_bisect.py`` ``flashprop bisect``; ``bench_*.py`` are the suites
