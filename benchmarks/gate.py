@@ -57,7 +57,7 @@ from .schema import rows
 
 DEFAULT_TOLERANCE = {"cuda": 0.25, "cpu": 0.35}
 DEFAULT_BAND_K = 2.0
-DEFAULT_BAND_FLOOR = {"cuda": 0.03, "cpu": 0.10}
+DEFAULT_BAND_FLOOR = {"cuda": 0.05, "cpu": 0.10}
 METRIC = "anchor seconds / kernel seconds, both from the same run (higher is faster)"
 
 Ratios = dict[tuple[str, str, str], float]  # (kernel, config, anchor) -> ratio
@@ -276,7 +276,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(0.25 = 25%%)")
     parser.add_argument("--band-k", type=float, help="a learned band is k x the row's spread (default 2)")
     parser.add_argument("--band-floor", type=float,
-                        help="the narrowest learned band (default 0.03 on CUDA, 0.10 on CPU)")
+                        help="the narrowest learned band (default 0.05 on CUDA, 0.10 on CPU)")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
     parser.add_argument("--history", type=Path,
                         help=f"append the gated rows to this JSON-lines file (default: {HISTORY_NAME} "

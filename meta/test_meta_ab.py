@@ -255,15 +255,15 @@ def test_the_gate_learns_a_band_per_row_from_repeated_runs(tmp_path, capsys) -> 
     data = json.loads(base.read_text())
     spread = data["spread"]["triton"]
     assert spread["quiet"]["sdpa-flash"] == 0.01 and spread["mid"]["sdpa-flash"] == 0.03
-    assert data["band"] == {"k": 2.0, "floor": 0.03}
+    assert data["band"] == {"k": 2.0, "floor": 0.05}
     capsys.readouterr()
-    # quiet: floor 3%; mid: 2 x 3% = 6%; noisy: 2 x 20% above the 25% tolerance
+    # quiet: floor 5%; mid: 2 x 3% = 6%; noisy: 2 x 20% above the 25% tolerance
     now = _gate_run(tmp_path / "now.json", {"quiet": 0.90, "mid": 0.95, "noisy": 0.80})
     assert gate([str(base), str(now), "--no-history"]) == 1
     out = capsys.readouterr().out
     cells = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[6:9]]
              for line in out.splitlines() if line.startswith("| triton ")}
-    assert cells == {"quiet": ["-10.0%", "-3.0% (floor 3% (spread 1.0%))", "REGRESSION"],
+    assert cells == {"quiet": ["-10.0%", "-5.0% (floor 5% (spread 1.0%))", "REGRESSION"],
                      "mid": ["-5.0%", "-6.0% (2 x spread 3.0%)", "ok"],
                      "noisy": ["-20.0%", "-25.0% (tolerance 25% (2 x spread 20.0% above it))", "ok"]}, out
     assert "1 regression(s) beyond their band" in out and "3 learned from repeated runs" in out
