@@ -30,11 +30,12 @@ from .conftest import (
     bench_subset,
     grid_spec,
     kernel_names,
+    measure_row,
 )
 from .grid import Config, configs, size_limit_reason
 from .memory import peak_extra_bytes
 from .schema import Row
-from .timing import CLOCKS, median_seconds, rounds_for, warm_up
+from .timing import CLOCKS, median_seconds
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -118,22 +119,13 @@ def test_attention_speed(
     reason = skip_reason(kern, name, cfg)
     if reason is not None:
         pytest.skip(reason)
-    device, setup = bench_state.device, bench_state.setup
-    try:
-        call = make_call(kern, cfg)
-        warm = warm_up(call, device, setup)  # compile and autotune before measuring memory
-        peak = peak_extra_bytes(call, device)
-    except CLEAR_ERRORS as err:
-        pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
-    except torch.cuda.OutOfMemoryError as err:
-        torch.cuda.empty_cache()
-        pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
-    benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, device), iterations=1)
-    if benchmark.disabled:  # --benchmark-disable: a compile/smoke pass, nothing is measured
+    device = bench_state.device
+    # peak memory after the warm-up's compilation and autotuning
+    timed = measure_row(benchmark, bench_state, name, cfg.label, lambda: make_call(kern, cfg),
+                        lambda: kern.fn, lambda call: peak_extra_bytes(call, device))
+    if timed is None:
         return
-    seconds = benchmark.stats.stats.median
-    last_launch = getattr(kern.fn, "last_launch", None)
-    launch = last_launch() if callable(last_launch) else None
+    seconds = timed.seconds
     bench_state.anchor_seconds.setdefault((name, cfg), seconds)
     ratios = {}
     for anchor in anchor_names(request.config, device):
@@ -152,11 +144,11 @@ def test_attention_speed(
         h=cfg.h,
         flops=cfg.flops,
         median_s=seconds,
-        host_s=warm.host_seconds,
+        host_s=timed.host_seconds,
         tflops=cfg.flops / seconds / 1e12,
-        peak_mem_bytes=peak,
+        peak_mem_bytes=timed.probed,
         ratios=ratios,
         timing=CLOCKS[device].protocol,
-        launch=launch or None,
+        launch=timed.launch,
     )
     benchmark.extra_info.update(row.extra_info())

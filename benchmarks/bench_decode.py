@@ -28,7 +28,7 @@ import torch
 from flashprop.contract.registry import Kernel
 from flashprop.contract.validate import CLEAR_ERRORS
 
-from .conftest import BenchState, parametrize_rows
+from .conftest import BenchState, measure_row, parametrize_rows
 from .decode import (
     CPU_DECODE,
     DECODE_ANCHORS,
@@ -41,7 +41,7 @@ from .decode import (
     planted_splits,
 )
 from .schema import Row
-from .timing import CLOCKS, median_seconds, rounds_for, warm_up
+from .timing import CLOCKS, median_seconds
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -116,25 +116,16 @@ def test_decode_bandwidth(decode_case: tuple[str, DecodeConfig], benchmark, benc
     reason = unsupported_reason(kern, name, cfg.problem())
     if reason is not None:
         pytest.skip(f"{cfg.label}: {reason}")
-    device, setup = bench_state.device, bench_state.setup
+    device = bench_state.device
     if device == "cuda":
         torch.cuda.empty_cache()  # the rows' caches differ in size by up to 4096x
-    try:
-        call = make_call(kern, cfg)
-        warm = warm_up(call, device, setup)
-    except CLEAR_ERRORS as err:
-        pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
-    except torch.cuda.OutOfMemoryError as err:
-        pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
-    benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, device), iterations=1)
-    if benchmark.disabled:  # --benchmark-disable: a smoke pass, nothing is measured
+    timed = measure_row(benchmark, bench_state, name, cfg.label, lambda: make_call(kern, cfg),
+                        lambda: kern.entry("kvcache"))
+    if timed is None:
         return
-    seconds = benchmark.stats.stats.median
-    last_launch = getattr(kern.entry("kvcache"), "last_launch", None)
-    launch = last_launch() if callable(last_launch) else None
+    seconds = timed.seconds
     ratios = {"copy": copy_seconds(cfg, copy_bandwidth(bench_state)) / seconds}
-    if cfg.page_size is None:
-        del call  # the kernel's cache; the anchors take their own
+    if cfg.page_size is None:  # the kernel's cache is freed: the anchors take their own
         for anchor in DECODE_ANCHORS[device]:
             if anchor != name and (anchor_s := anchor_seconds(bench_state, anchor, cfg)) is not None:
                 ratios[anchor] = anchor_s / seconds
@@ -153,9 +144,9 @@ def test_decode_bandwidth(decode_case: tuple[str, DecodeConfig], benchmark, benc
         page_size=cfg.page_size,
         bytes_read=cfg.bytes_read,
         median_s=seconds,
-        host_s=warm.host_seconds,
+        host_s=timed.host_seconds,
         ratios=ratios,
         timing=CLOCKS[device].protocol,
-        launch=launch or None,
+        launch=timed.launch,
     )
     benchmark.extra_info.update(row.extra_info())

@@ -31,10 +31,10 @@ from flashprop.contract.registry import BENCH_ANCHORS
 from flashprop.kernels.layer import FlashAttention
 from torch import Tensor, nn
 
-from .conftest import BenchState
+from .conftest import BenchState, measure_row
 from .memory import peak_extra_bytes
 from .schema import Row
-from .timing import CLOCKS, cuda_event_timer, median_seconds, rounds_for, warm_up
+from .timing import CLOCKS, cuda_event_timer, median_seconds
 
 ANCHORS = BENCH_ANCHORS["cuda"]
 KERNELS = (*ANCHORS, "triton")  # anchors first: a kernel row finds their times measured
@@ -133,20 +133,11 @@ def test_block_speed(name: str, shape: Shape, benchmark, bench_state: BenchState
     kern = bench_state.load(name)
     if isinstance(kern, str):
         pytest.skip(kern)
-    setup = bench_state.setup
-    try:
-        call = make_call(name, shape)
-        warm = warm_up(call, "cuda", setup)
-        peak = peak_extra_bytes(call, "cuda")
-    except (ValueError, TypeError, NotImplementedError) as err:
-        pytest.skip(f"{name} refused {shape.label}: {type(err).__name__}: {err}")
-    except torch.cuda.OutOfMemoryError as err:
-        torch.cuda.empty_cache()
-        pytest.skip(f"{name} at {shape.label}: out of memory ({err})")
-    benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, "cuda"), iterations=1)
-    if benchmark.disabled:  # --benchmark-disable: a smoke pass, nothing is measured
+    timed = measure_row(benchmark, bench_state, name, shape.label, lambda: make_call(name, shape),
+                        probe=lambda call: peak_extra_bytes(call, "cuda"))
+    if timed is None:
         return
-    seconds = benchmark.stats.stats.median
+    seconds = timed.seconds
     _SECONDS.setdefault((name, shape), seconds)
     ratios = {
         anchor: anchor_s / seconds
@@ -167,9 +158,9 @@ def test_block_speed(name: str, shape: Shape, benchmark, bench_state: BenchState
         d_model=shape.width,
         flops=shape.flops,
         median_s=seconds,
-        host_s=warm.host_seconds,
+        host_s=timed.host_seconds,
         block_tflops=shape.flops / seconds / 1e12,
-        peak_mem_bytes=peak,
+        peak_mem_bytes=timed.probed,
         ratios=ratios,
         timing=CLOCKS["cuda"].protocol,
     )

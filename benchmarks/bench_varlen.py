@@ -26,10 +26,10 @@ from flashprop.contract.validate import CLEAR_ERRORS
 
 from .bench_attention import make_call as dense_call
 from .bench_attention import skip_reason as dense_skip_reason
-from .conftest import BenchState, anchor_names, parametrize_rows
+from .conftest import BenchState, anchor_names, measure_row, parametrize_rows
 from .grid import Config
 from .schema import Row
-from .timing import CLOCKS, median_seconds, rounds_for, warm_up
+from .timing import CLOCKS, median_seconds
 from .varlen import CPU_VARLEN, GPU_VARLEN, VarlenConfig, configs
 
 #: The kernels timed unless ``--bench-kernels`` names others.
@@ -90,21 +90,12 @@ def test_varlen_speed(varlen_case: tuple[str, VarlenConfig], benchmark, bench_st
     reason = kern.capabilities.unsupported_reason(cfg.problem())
     if reason is not None:
         pytest.skip(f"{name} does not declare {cfg.label}: {reason}")
-    device, setup = bench_state.device, bench_state.setup
-    try:
-        call = make_call(kern, cfg)
-        warm = warm_up(call, device, setup)
-    except CLEAR_ERRORS as err:
-        pytest.skip(f"{name} refused {cfg.label}: {type(err).__name__}: {err}")
-    except torch.cuda.OutOfMemoryError as err:
-        pytest.skip(f"{name} at {cfg.label}: out of memory ({err})")
-    benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, device), iterations=1)
-    if benchmark.disabled:  # --benchmark-disable: a smoke pass, nothing is measured
+    device = bench_state.device
+    timed = measure_row(benchmark, bench_state, name, cfg.label, lambda: make_call(kern, cfg),
+                        lambda: kern.fn)  # its launch, before the anchors'
+    if timed is None:
         return
-    seconds = benchmark.stats.stats.median
-    last_launch = getattr(kern.fn, "last_launch", None)
-    launch = last_launch() if callable(last_launch) else None  # before the anchors launch
-    del call
+    seconds = timed.seconds
     ratios = {}
     dense = cfg.dense()
     if (dense_s := anchor_seconds(bench_state, kern, name, dense)) is not None:
@@ -127,10 +118,10 @@ def test_varlen_speed(varlen_case: tuple[str, VarlenConfig], benchmark, bench_st
         lengths=list(cfg.lengths),
         flops=cfg.flops,
         median_s=seconds,
-        host_s=warm.host_seconds,
+        host_s=timed.host_seconds,
         tflops=cfg.flops / seconds / 1e12,
         ratios=ratios,
         timing=CLOCKS[device].protocol,
-        launch=launch or None,
+        launch=timed.launch,
     )
     benchmark.extra_info.update(row.extra_info())

@@ -15,6 +15,10 @@ Options (each also read from an environment variable, the option wins):
     --bench-report    FLASHPROP_BENCH_REPORT    folder for the plot and markdown table, written
                                                 together with --benchmark-json
 The device comes from the root conftest's ``--device`` (default: cuda when available).
+
+Each benchmark file times its row through :func:`measure_row` (warm-up, the refusal and
+out-of-memory skips, ``benchmark.pedantic`` under the device's clock, the launch the kernel
+reports) and adds its own anchors and :class:`~benchmarks.schema.Row` fields.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from pathlib import Path
 from typing import NoReturn
 
 import pytest
+import torch
 from flashprop.contract.registry import BENCH_ANCHORS, BUILTIN, Kernel, KernelUnavailable, load_kernel
+from flashprop.contract.validate import CLEAR_ERRORS
 
 from .grid import (
     CPU_GRID,
@@ -39,7 +45,7 @@ from .grid import (
     parse_names,
 )
 from .schema import Skipped
-from .timing import RoundSetup
+from .timing import RoundSetup, rounds_for, warm_up
 
 _OPTIONS = {
     "--bench-kernels": "FLASHPROP_BENCH_KERNELS",
@@ -174,6 +180,46 @@ def parametrize_rows(metafunc: pytest.Metafunc, fixture: str, default_kernels: t
         params += [pytest.param((name, cfg), marks=mark, id=f"{name}:{cfg.label.replace(' ', '-')}")
                    for name in names]
     metafunc.parametrize(fixture, params)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One timed row: the median seconds of its rounds, one call's host seconds, the launch the
+    kernel reported after them (``last_launch()``, or ``None``) and what ``probe`` returned."""
+
+    seconds: float
+    host_seconds: float | None
+    launch: dict | None
+    probed: object = None
+
+
+def measure_row(benchmark, state: BenchState, name: str, label: str, make: Callable[[], Callable[[], object]],
+                entry: Callable[[], object] | None = None,
+                probe: Callable[[Callable[[], object]], object] | None = None) -> Measured | None:
+    """Time ``make()``'s callable for one row: warm it up (compilation, autotuning, the spin's
+    size), run ``probe`` on it (peak memory, say), then ``benchmark.pedantic`` with the rounds
+    the warm-up asks for, under the state's round setup, and ask ``entry()`` (the entry point
+    called, looked up after the rounds: a registry entry may resolve on its first call) for its
+    ``last_launch()``. A refusal (``CLEAR_ERRORS``) or running
+    out of memory skips the row with its reason; ``None`` under ``--benchmark-disable`` (a smoke
+    pass: nothing measured). The callable, and what it holds, is dropped on return, before the
+    caller times its anchors."""
+    device, setup = state.device, state.setup
+    try:
+        call = make()
+        warm = warm_up(call, device, setup)
+        probed = probe(call) if probe is not None else None
+    except CLEAR_ERRORS as err:
+        pytest.skip(f"{name} refused {label}: {type(err).__name__}: {err}")
+    except torch.cuda.OutOfMemoryError as err:
+        torch.cuda.empty_cache()
+        pytest.skip(f"{name} at {label}: out of memory ({err})")
+    benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, device), iterations=1)
+    if benchmark.disabled:
+        return None
+    last_launch = getattr(entry(), "last_launch", None) if entry is not None else None
+    launch = last_launch() if callable(last_launch) else None
+    return Measured(benchmark.stats.stats.median, warm.host_seconds, launch or None, probed)
 
 
 def kernel_names(config: pytest.Config) -> tuple[str, ...]:
