@@ -105,3 +105,27 @@ def test_a_cpu_row_with_the_slowdown_planted_runs_one_split(tmp_path: Path) -> N
     from flashprop.kernels.triton_decode import INTERPRETER_BLOCK_N, choose_splits
 
     assert choose_splits(1, 2, 1, row.length, INTERPRETER_BLOCK_N, 132) == 2  # what the plant overrides
+
+
+def test_decode_tuning_marks_each_rows_best_setting_and_refuses_unknown_rows() -> None:
+    """``ci/decode_tuning.py``'s pure parts: the rows chosen by label words (an unknown one lists
+    the grid), the values parsed ('auto': the kernel's tile), the best setting per row with its
+    gain over the kernel's own choice, a refused setting shown with its reason."""
+    sys.path.insert(0, str(ROOT / "ci"))
+    try:
+        import decode_tuning as dt
+    finally:
+        sys.path.remove(str(ROOT / "ci"))
+    assert [c.label for c in dt.rows_for(["B2 L256 page16"], "cpu")] == [
+        "decode hq4 hkv2 d16 B2 L256 page16 fp32"]
+    with pytest.raises(SystemExit, match="no row of the cpu grid matches"):
+        dt.rows_for(["B3"], "cpu")
+    assert dt.parse_ints("auto,16", allow_default=True) == [None, 16]
+    with pytest.raises(SystemExit, match="not a whole number"):
+        dt.parse_ints("auto,16")
+    own = dt.Setting("r", 0, None, 2e-3, 10**6, 0.5, "")
+    fast = dt.Setting("r", 8, 64, 1e-3, 10**6, 1.0, "")
+    refused = dt.Setting("r", 4, 512, None, 10**6, None, "", "ValueError: block_n=512")
+    lines = dt.table([own, fast, refused])
+    assert lines[3].endswith("| best, 2.00x the kernel's own |") and "| 8 | 64 | 1.000 |" in lines[3]
+    assert lines[4].endswith("| ValueError: block_n=512 |") and lines[2].endswith("|  |")
