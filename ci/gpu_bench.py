@@ -1,7 +1,8 @@
 """The benchmark and gate phases of ``ci/gpu_check.py``.
 
 The benchmarks run in chunks, one pytest process each (per head dim and dtype on the GPU, per
-head dim on the CPU, then the memory chunk: ``bench_memory.py`` and ``bench_layer.py``), each
+head dim on the CPU, then the memory chunk: ``bench_memory.py`` and ``bench_layer.py``; on the
+GPU also the decode and varlen rows, ``bench_decode.py`` and ``bench_varlen.py``), each
 writing its own pytest-benchmark JSON: a chunk cut off by its time limit loses only itself (and
 keeps what it finished: it is interrupted as Ctrl-C would). On several GPUs chunk ``i`` runs on
 GPU ``i mod n``, the GPUs side by side, each GPU's chunks one after another.
@@ -21,14 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import limited
+from flashprop.benchmarks.grid import SHORT_DTYPE
+from flashprop.benchmarks.varlen import GPU_VARLEN
 from gpu_runs import build_cuda_kernel
 from gpu_settings import LEAST_SECONDS, NOT_STARTED, ROOT, Config, say
 
+#: The chunks that are one benchmark file each.
+FILE_CHUNKS = {"memory": ["benchmarks/bench_memory.py", "benchmarks/bench_layer.py"],
+               "decode": ["benchmarks/bench_decode.py"], "varlen": ["benchmarks/bench_varlen.py"]}
+
 
 def chunk_args(chunk: str) -> list[str]:
-    """The pytest arguments of a benchmark chunk (``d64``, ``d64-bf16``, ``memory``)."""
-    if chunk == "memory":
-        return ["benchmarks/bench_memory.py", "benchmarks/bench_layer.py"]
+    """The pytest arguments of a benchmark chunk (``d64``, ``d64-bf16``, ``memory``, ``decode``,
+    ``varlen``)."""
+    if chunk in FILE_CHUNKS:
+        return list(FILE_CHUNKS[chunk])
     dims, _, dtype = chunk.partition("-")
     return ["benchmarks/bench_attention.py", "--bench-head-dims", dims.removeprefix("d"),
             *(["--bench-dtypes", dtype] if dtype else [])]
@@ -37,7 +45,24 @@ def chunk_args(chunk: str) -> list[str]:
 def warm_keys(chunks: list[str]) -> list[tuple[str, str, str]]:
     """The compile warm-up's keys, (head dim, dtype, mask), of the GPU chunks asked for."""
     return [(dims.removeprefix("d"), dtype, mask) for dims, _, dtype in (c.partition("-") for c in chunks)
-            if dtype for mask in ("full", "causal")]
+            if dtype and dims.startswith("d") for mask in ("full", "causal")]
+
+
+def warm_commands(chunks: list[str]) -> list[tuple[str, list[str]]]:
+    """The compile warm-up's processes, (name, pytest arguments), of the GPU chunks asked for: per
+    (head dim, dtype, mask) key the attention grid at N = 1024 and 2048, and with the varlen chunk
+    its rows of the same key (each autotunes its passes on its own pack)."""
+    commands = [(f"d={d} {dtype} {mask}",
+                 ["benchmarks/bench_attention.py", "--bench-head-dims", d, "--bench-dtypes", dtype,
+                  "-k", mask, "--bench-seqlens", "1024 2048"])
+                for d, dtype, mask in warm_keys(chunks)]
+    if "varlen" in chunks:
+        for d in GPU_VARLEN.head_dims:
+            for dtype in map(SHORT_DTYPE.get, GPU_VARLEN.dtypes):
+                commands += [(f"varlen d={d} {dtype} {mask}",
+                              ["benchmarks/bench_varlen.py", "-k", f"d{d} and {mask} and {dtype}"])
+                             for mask in ("full", "causal")]
+    return commands
 
 
 def chunks_per_gpu(chunks: list[str], ids: list[str]) -> list[tuple[str | None, list[str]]]:
@@ -84,31 +109,29 @@ class BenchPhase:
         return min(self.cfg.bench_timeout, self.end - time.monotonic())
 
     def warm_up(self) -> None:
-        """Compile the autotuned kernels first, JOBS processes at a time, one per (head dim,
-        dtype, mask) key of the chunks at N = 1024 and 2048 (the triton kernel tunes N >= 2048
-        apart): it fills the on-disk compile caches, and the timed chunks only pick among
-        compiled configurations."""
-        keys = warm_keys(self.cfg.bench_chunks)
-        if not keys:
+        """Compile the autotuned kernels first, JOBS processes at a time (:func:`warm_commands`;
+        the triton kernel tunes N >= 2048 apart, varlen per pack), each run with
+        ``--benchmark-disable``: it fills the on-disk compile caches, and the timed chunks only
+        pick among compiled configurations."""
+        commands = warm_commands(self.cfg.bench_chunks)
+        if not commands:
             return
         say(f"compiling the benchmark kernels (one process per key, {self.cfg.jobs} at a time)")
         start = time.monotonic()
 
-        def warm(key: tuple[str, str, str]) -> None:
-            d, dtype, mask = key
-            command = [sys.executable, "-m", "pytest", "benchmarks/bench_attention.py", "-p",
-                       "no:cacheprovider", "-q", "--device", "cuda", "--benchmark-disable", "--bench-kernels",
-                       self.cfg.bench_kernels, "--bench-head-dims", d, "--bench-dtypes", dtype, "-k", mask,
-                       "--bench-seqlens", "1024 2048"]
+        def warm(named: tuple[str, list[str]]) -> None:
+            name, args = named
+            command = [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider", "-q", "--device",
+                       "cuda", "--benchmark-disable", "--bench-kernels", self.cfg.bench_kernels]
             try:
                 done = subprocess.run(command, cwd=ROOT, capture_output=True, timeout=max(1.0, self.left()))
                 code = done.returncode
             except subprocess.TimeoutExpired:
                 code = 124
-            say(f"  d={d} {dtype} {mask}: exit {code}")
+            say(f"  {name}: exit {code}")
 
         with concurrent.futures.ThreadPoolExecutor(self.cfg.jobs) as pool:
-            list(pool.map(warm, keys))
+            list(pool.map(warm, commands))
         say(f"compiled in {time.monotonic() - start:.0f} s")
 
     def run_chunk(self, chunk: Chunk) -> None:

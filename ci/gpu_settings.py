@@ -62,8 +62,9 @@ SETTINGS = (
     ("device", "FLASHPROP_GPU_DEVICE", "cuda", "device of the run; 'cpu' is for testing this script"),
 )
 PHASES = ("properties", "fuzz", "benchmarks", "gate")
-#: The benchmark chunks per device: head dim (and dtype on the GPU), then the memory checks.
-CHUNKS = {"cuda": ("d64-bf16", "d64-fp16", "d128-bf16", "d128-fp16", "memory"),
+#: The benchmark chunks per device: head dim (and dtype on the GPU), then the memory checks (and on
+#: the GPU the decode and varlen rows).
+CHUNKS = {"cuda": ("d64-bf16", "d64-fp16", "d128-bf16", "d128-fp16", "memory", "decode", "varlen"),
           "cpu": ("d64", "d128", "memory")}
 #: No run or chunk starts with fewer seconds than this left before its deadline.
 LEAST_SECONDS = 30

@@ -172,6 +172,10 @@ def test_benchmark_chunks_take_the_gpus_in_turn_and_merge_in_grid_order(tmp_path
     assert gpu_bench.chunk_args("memory") == ["benchmarks/bench_memory.py", "benchmarks/bench_layer.py"]
     assert gpu_bench.warm_keys(["d128-fp16", "memory"]) == [("128", "fp16", "full"),
                                                              ("128", "fp16", "causal")]
+    assert gpu_bench.chunk_args("varlen") == ["benchmarks/bench_varlen.py"]
+    warm = gpu_bench.warm_commands(["d128-fp16", "memory", "decode", "varlen"])
+    assert [name for name, _ in warm][:3] == ["d=128 fp16 full", "d=128 fp16 causal", "varlen d=64 bf16 full"]
+    assert warm[2][1] == ["benchmarks/bench_varlen.py", "-k", "d64 and full and bf16"] and len(warm) == 2 + 8
     parts = []
     for i, d in enumerate((64, 128)):
         parts.append(tmp_path / f"{i}.json")
