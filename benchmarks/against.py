@@ -87,6 +87,18 @@ class Comparison:
     reason: str | None = None
     candidate_times: list[float] = field(default_factory=list)
     base_times: list[float] = field(default_factory=list)
+    candidate_launch: dict[str, str] = field(default_factory=dict)
+    base_launch: dict[str, str] = field(default_factory=dict)
+
+    def launch_note(self) -> str:
+        """The passes the two sides launched differently (an autotuner that picked other tiles
+        in one of them moves the ratio by more than its interval says), or ``""``."""
+        mine, theirs = self.candidate_launch, self.base_launch
+        differ = [p for p in dict.fromkeys([*theirs, *mine]) if mine.get(p) != theirs.get(p)]
+        if not (mine and theirs and differ):
+            return ""
+        return "; launches differ: " + ", ".join(
+            f"{p} base {theirs.get(p, '-')}, candidate {mine.get(p, '-')}" for p in differ)
 
 
 def ab_rounds(pair_seconds: float, device: str) -> int:
@@ -115,12 +127,13 @@ def compare(candidate: Kernel, base: Kernel, cfg: Config, device: str,
     reason = skip_reason(candidate, candidate.name, cfg) or unsupported_reason(base, base.name, cfg)
     if reason is not None:
         return Comparison(**row, verdict=SKIPPED, reason=reason)
-    calls, warm = [], []
+    calls, warm, launches = [], [], []
     for kern, setup in zip((candidate, base), setups):
         try:
             call = make_call(kern, cfg)
             warm.append(warm_up(call, device, setup))
             calls.append(call)
+            launches.append(reported_launch(kern))
         except CLEAR_ERRORS as err:
             return Comparison(**row, verdict=SKIPPED, reason=f"{kern.name} refused it: "
                               f"{type(err).__name__}: {err}")
@@ -133,12 +146,20 @@ def compare(candidate: Kernel, base: Kernel, cfg: Config, device: str,
     return Comparison(**row, verdict=verdict(interval, threshold), rounds=n,
                       base_s=statistics.median(b_times), candidate_s=statistics.median(c_times),
                       ratio=interval.ratio, lo=interval.lo, hi=interval.hi,
-                      candidate_times=c_times, base_times=b_times)
+                      candidate_times=c_times, base_times=b_times, candidate_launch=launches[0],
+                      base_launch=launches[1])
+
+
+def reported_launch(kern: Kernel) -> dict[str, str]:
+    """What the kernel says it launched last (``last_launch()`` of its entry point: the triton
+    kernel's tiles per pass, tuned or fixed), or ``{}`` for a kernel that does not say."""
+    last = getattr(kern.fn, "last_launch", None)
+    return dict(last()) if callable(last) else {}
 
 
 def table(rows: list[Comparison], confidence: float = DEFAULT_CONFIDENCE) -> list[str]:
     """A markdown table: kernel, configuration, base ms, candidate ms, ratio, interval, rounds,
-    verdict."""
+    verdict (and, when the two sides launched other tiles, which)."""
     lines = [f"| kernel | configuration | base ms | candidate ms | candidate / base | "
              f"{confidence:.0%} interval | rounds | verdict |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -146,7 +167,8 @@ def table(rows: list[Comparison], confidence: float = DEFAULT_CONFIDENCE) -> lis
             lines.append(f"| {r.kernel} | {r.config} | - | - | - | - | 0 | skipped: {r.reason} |")
             continue
         lines.append(f"| {r.kernel} | {r.config} | {1e3 * r.base_s:.4g} | {1e3 * r.candidate_s:.4g} | "
-                     f"{r.ratio:.4f} | {r.lo:.4f} .. {r.hi:.4f} | {r.rounds} | {r.verdict} |")
+                     f"{r.ratio:.4f} | {r.lo:.4f} .. {r.hi:.4f} | {r.rounds} | "
+                     f"{r.verdict}{r.launch_note()} |")
     return lines
 
 

@@ -147,6 +147,22 @@ def test_bad_rounds_are_refused() -> None:
 
 # ---- flashprop bench --against ----------------------------------------------------------------
 
+def test_the_table_says_when_the_two_sides_launched_other_tiles() -> None:
+    """An autotuner that picks other tiles for one of the two imports moves the ratio by more than
+    the interval covers (the H200's fwd+bwd rows, 2%): the verdict cell names the passes."""
+    from flashprop.benchmarks.against import Comparison, table
+
+    same = {"fwd": "64x64 w4 s3 (tuned)", "bwd_dq": "128x64 w8 s3 (tuned)"}
+    row = dict(kernel="triton", config="fwd+bwd", base="triton", verdict=OK, rounds=9, base_s=1.0,
+               candidate_s=1.02, ratio=1.02, lo=1.01, hi=1.03)
+    other = Comparison(**row, candidate_launch={**same, "bwd_dq": "64x64 w4 s3 (tuned)"}, base_launch=same)
+    lines = table([Comparison(**row, candidate_launch=same, base_launch=same), other, Comparison(**row)])
+    assert lines[2].endswith("| ok |") and lines[4].endswith("| ok |")
+    assert lines[3].endswith("| ok; launches differ: bwd_dq base 128x64 w8 s3 (tuned), candidate 64x64 w4 s3 "
+                             "(tuned) |"), lines[3]
+
+
+
 @needs_git
 def test_a_kernel_against_itself_passes_and_a_2x_copy_fails(tmp_path, monkeypatch, in_process,
                                                             capsys) -> None:
