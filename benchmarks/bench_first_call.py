@@ -12,10 +12,11 @@ L2 flush, spin), their difference, the seconds Triton spent compiling (or loadin
 on-disk cache) and how many variants, when its compilations are counted
 (``FLASHPROP_TRITON_COMPILE_LOCKS``, ``harness/compile_locks.py``; the rest of the difference
 is autotuning's timing runs), and for the ``triton`` kernel how many new autotuning keys the
-call added (its autotuner's cache, ``kernels.triton_attention.PASSES``): the triton kernel
-keys its tuning on the padded head dims, causal, the dtypes and ``SEQ_CLASS`` (N < 2048 or not),
-never on N, B or H, so only the first shape should tune; a kernel that tuned again at "new N"
-or "4 GiB" would re-run its tuning for every new length at large sizes. GPU only (the costs
+call added (its autotuner's cache, ``kernels.triton_attention.PASSES``, re-exported from
+``kernels.triton_attention_launch``): the triton kernel keys its tuning on the padded head
+dims, causal, the dtypes and ``SEQ_CLASS`` (N < 2048 or not), never on N, B or H, so only the
+first shape should tune; a kernel that tuned again at "new N" or "4 GiB" would re-run its
+tuning for every new length at large sizes. GPU only (the costs
 are GPU compilation and tuning); a shape is run only after the earlier ones of its kernel (run
 untimed when a selection left them out).
 

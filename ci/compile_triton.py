@@ -37,6 +37,7 @@ os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashprop.kernels.triton_attention as ta
+from flashprop.kernels.triton_attention_launch import _TUNING_KEY
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
@@ -308,10 +309,10 @@ def main() -> int:
     for name, p in passes.items():
         # Each pass keys its tunings on every key name it takes as a parameter (Triton 3.6 drops
         # other names without a word, 3.7 and later refuse them); the forward takes them all.
-        takes = [key for key in ta._TUNING_KEY if key in p.tuned.arg_names]
-        if list(p.tuned.keys) != takes or (name == "fwd" and takes != list(ta._TUNING_KEY)):
+        takes = [key for key in _TUNING_KEY if key in p.tuned.arg_names]
+        if list(p.tuned.keys) != takes or (name == "fwd" and takes != list(_TUNING_KEY)):
             print(f"compile-triton: FAILED {name}'s autotuning key is {list(p.tuned.keys)}, "
-                  f"its kernel takes {takes} of {list(ta._TUNING_KEY)}", file=sys.stderr)
+                  f"its kernel takes {takes} of {list(_TUNING_KEY)}", file=sys.stderr)
             return 1
     total = time.perf_counter()
     _CASES[:] = cases

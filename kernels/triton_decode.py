@@ -13,7 +13,7 @@ i + c. For one query row (query i, query head h of kv head h // GROUP):
 Split-KV (flash-decoding). The key tiles a program's rows see are cut into ``num_splits``
 contiguous runs of whole tiles; run s gives a partial (o_s, lse_s) over its keys alone, computed
 with the online softmax (running maximum, denominator and accumulator, rescaled whenever the
-maximum grows; base-2 units as in :mod:`kernels.triton_attention`), and the combine merges the
+maximum grows; base-2 units as in :mod:`kernels.triton_attention_kernels`), and the combine merges the
 runs by their lse:
 
     lse = log sum_s exp(lse_s),   o = sum_s exp(lse_s - lse) o_s
@@ -86,7 +86,15 @@ import triton.language as tl
 from flashprop.contract.capabilities import KVCache
 from flashprop.contract.validate import check_cache_values, check_decode, check_variants
 from flashprop.kernels import triton_attention as ta
-from flashprop.kernels.triton_attention import _in_window, _modified_scores
+from flashprop.kernels.triton_attention_kernels import INTERPRET, _in_window, _modified_scores
+from flashprop.kernels.triton_attention_launch import (
+    _MAX_GRID_Y,
+    TILE_SIZES,
+    _smem_bytes,
+    _unspecialized,
+    padded_head_dim,
+    resolve_tiles,
+)
 from torch import Tensor
 
 # ---------------------------------------------------------------------------------------------
@@ -139,7 +147,7 @@ def _decode_partial(
     K, V are the cache (``stride_kp``: the batch stride, or the page stride when PAGED with the
     int32 ``Table``); ``Lengths`` the int32 cache lengths (stride ``stride_l``). qk_scale,
     win_left, win_right, softcap2 and the ALiBi slopes' strides as
-    :func:`kernels.triton_attention._attn_fwd` takes them (CAUSAL, WINDOW: the band of
+    :func:`kernels.triton_attention_kernels._attn_fwd` takes them (CAUSAL, WINDOW: the band of
     ``resolve_band``). COMBINE: ``Out`` (B, H_KV, num_splits, R, Dv) and ``LSE`` (B, H_KV,
     num_splits, R) are contiguous partials in ACC_DTYPE, o_s normalised and lse_s in base 2, no
     sink; else ``Out`` is the strided o (B, Nq, Hq, Dv), ``LSE`` the contiguous (B, Hq, Nq)
@@ -327,13 +335,13 @@ MAX_QUERIES: int = DECLARATION.max_queries
 #: problems are short); on a GPU 64 keys x 128 dims x 2 bytes (16 KiB) per K or V tile,
 #: pipelined three deep.
 INTERPRETER_BLOCK_N: int = 32
-_DEFAULT_BLOCK_N: int = INTERPRETER_BLOCK_N if ta.INTERPRET else 64
+_DEFAULT_BLOCK_N: int = INTERPRETER_BLOCK_N if INTERPRET else 64
 #: The largest row tile (BLOCK_M) without ``block_m``: a GQA group of 8 query heads at Nq = 8 fits
 #: one tile; more rows are cut into row tiles (each reads the keys again).
 _MAX_ROWS: int = 64
 #: Partials the combine kernel merges per step of its loop (4 under the interpreter, whose
 #: declared max_splits is 8: so CPU runs take the loop more than once too).
-_COMBINE_SPLITS: int = 4 if ta.INTERPRET else 16
+_COMBINE_SPLITS: int = 4 if INTERPRET else 16
 #: The split heuristic: programs to aim for, in waves of one program per SM (a decode program is
 #: small: several are resident per SM, so two waves keep every SM streaming to the end), and
 #: the fewest key tiles a run keeps (below, the partial's fixed costs and the combine dominate).
@@ -350,7 +358,7 @@ _MAX_GRID_YZ: int = 65535
 #: Triton specialises on their integer arguments and pointer alignment (unit and 16-multiple
 #: strides known at compile time: vectorised loads), a compilation per combination; smaller
 #: calls (the property suite's many small, varied problems) use the twins compiled once per set
-#: of compile-time constants (``kernels.triton_attention._unspecialized``). 2^13: the smallest
+#: of compile-time constants (``kernels.triton_attention_launch._unspecialized``). 2^13: the smallest
 #: benchmark row (B = 1, Hkv = 8, 1k keys) is specialised; the GPU suite's largest decode problem
 #: (B = 3, Hkv = 3, a capacity of 3 pages of 256) is not.
 _SPECIALISE_MIN_KEYS: int = 2**13
@@ -392,16 +400,16 @@ def _tiles(rows: int, d: int, dv: int, dtype: torch.dtype, block_m: int | None,
     tiles over the dense kernel's shared-memory budget are refused as the dense kernel refuses
     them (``resolve_tiles``: the same ``Limit``)."""
     if block_m is not None or block_n is not None:
-        ta.resolve_tiles(1, 1, d, dv, dtype, block_m, block_n)  # raises NotImplementedError when over
+        resolve_tiles(1, 1, d, dv, dtype, block_m, block_n)  # raises NotImplementedError when over
     block_m_ = min(block_m or _MAX_ROWS, max(16, triton.next_power_of_2(rows)))
-    width = ta.padded_head_dim(d) + ta.padded_head_dim(dv)
+    width = padded_head_dim(d) + padded_head_dim(dv)
     if block_n is not None:
-        stages = 2 if ta._smem_bytes(block_m_, block_n, width, dtype.itemsize, 2) <= _SMEM_BUDGET else 1
+        stages = 2 if _smem_bytes(block_m_, block_n, width, dtype.itemsize, 2) <= _SMEM_BUDGET else 1
         return block_m_, block_n, 4, stages
     tile = _DEFAULT_BLOCK_N
-    while tile > 16 and ta._smem_bytes(block_m_, tile, width, dtype.itemsize, 3) > _SMEM_BUDGET:
+    while tile > 16 and _smem_bytes(block_m_, tile, width, dtype.itemsize, 3) > _SMEM_BUDGET:
         tile //= 2
-    stages = 3 if ta._smem_bytes(block_m_, tile, width, dtype.itemsize, 3) <= _SMEM_BUDGET else 1
+    stages = 3 if _smem_bytes(block_m_, tile, width, dtype.itemsize, 3) <= _SMEM_BUDGET else 1
     return block_m_, tile, 4, stages
 
 
@@ -423,10 +431,10 @@ def _check_tensors(q: object, k_cache: object, v_cache: object, scale: float | N
                          f"{v_cache.device}")
     if q.device.type not in ("cpu", "cuda"):
         raise NotImplementedError(f"device type {q.device.type} is not supported")
-    if q.device.type == "cpu" and not ta.INTERPRET:
+    if q.device.type == "cpu" and not INTERPRET:
         raise NotImplementedError("CPU tensors run only under Triton's interpreter: set TRITON_INTERPRET=1 "
                                   "before kernels.triton_attention is imported")
-    if ta.INTERPRET and q.dtype == torch.bfloat16:
+    if INTERPRET and q.dtype == torch.bfloat16:
         raise NotImplementedError(f"bfloat16 under the interpreter: {ta._BF16_INTERPRETER_REASON}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_cache, v_cache)):
         raise NotImplementedError("kvcache is forward only: call it on inputs that do not require grad")
@@ -436,8 +444,8 @@ def _check_tensors(q: object, k_cache: object, v_cache: object, scale: float | N
     if scale is not None and not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     for name, tile in (("block_m", block_m), ("block_n", block_n)):
-        if tile is not None and tile not in ta.TILE_SIZES:
-            raise ValueError(f"{name}={tile} is not one of {ta.TILE_SIZES}")
+        if tile is not None and tile not in TILE_SIZES:
+            raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
     ta._check_columns(q, k_cache, v_cache)
 
 
@@ -449,9 +457,9 @@ def _check_declared(q: Tensor, k_cache: Tensor, block_table: Tensor | None, hkv:
                                   "any size works; the declaration lists those the suite checks)")
     if nq > MAX_QUERIES:
         raise NotImplementedError(f"Nq={nq} queries per sequence: at most {MAX_QUERIES} are decoded at once")
-    if q.device.type == "cuda" and b * q.shape[2] > ta._MAX_GRID_Y:
+    if q.device.type == "cuda" and b * q.shape[2] > _MAX_GRID_Y:
         raise NotImplementedError(f"batch * heads = {b * q.shape[2]} exceeds the grid limit "
-                                  f"{ta._MAX_GRID_Y} (the dense kernel's limit, declared for both)")
+                                  f"{_MAX_GRID_Y} (the dense kernel's limit, declared for both)")
     if q.device.type == "cuda" and max(b, hkv) > _MAX_GRID_YZ:
         raise NotImplementedError(f"B={b}, Hkv={hkv}: at most {_MAX_GRID_YZ} each (CUDA grid axes)")
 
@@ -464,9 +472,9 @@ def _kernels(keys: int, device: torch.device) -> tuple:
     return PARTIAL_PLAIN, COMBINE_PLAIN
 
 
-#: The unspecialised twins of the two kernels (``kernels.triton_attention._unspecialized``).
-PARTIAL_PLAIN = ta._unspecialized(_decode_partial)
-COMBINE_PLAIN = ta._unspecialized(_decode_combine)
+#: The unspecialised twins of the two kernels (``kernels.triton_attention_launch._unspecialized``).
+PARTIAL_PLAIN = _unspecialized(_decode_partial)
+COMBINE_PLAIN = _unspecialized(_decode_combine)
 
 
 #: What the last call launched: (splits, row tiles, BLOCK_M, BLOCK_N, num_warps, num_stages,
@@ -492,7 +500,7 @@ def partial_meta(d: int, dv: int, dtype: torch.dtype, rows: int, *, paged: bool,
     ``resolve_band`` gives them) and the tile bounds (:func:`_tiles`): what :func:`kvcache`
     launches, and what ``ci/compile_triton.py`` compiles."""
     block_m_, block_n_, warps, stages = _tiles(rows, d, dv, dtype, block_m, block_n)
-    block_d, block_dv = ta.padded_head_dim(d), ta.padded_head_dim(dv)
+    block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
     return {
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
         "PAGED": paged, "CAUSAL": mods.causal, "WINDOW": mods.window is not None,
@@ -504,7 +512,7 @@ def partial_meta(d: int, dv: int, dtype: torch.dtype, rows: int, *, paged: bool,
 
 def combine_meta(dv: int, dtype: torch.dtype, splits: int, sinks: bool) -> dict:
     """The combine kernel's compile-time parameters and launch options for ``splits`` partials."""
-    return {"BLOCK_DV": ta.padded_head_dim(dv), "SINKS": sinks, "ACC_DTYPE": _acc(dtype),
+    return {"BLOCK_DV": padded_head_dim(dv), "SINKS": sinks, "ACC_DTYPE": _acc(dtype),
             "BLOCK_S": min(_COMBINE_SPLITS, triton.next_power_of_2(splits)), "num_warps": 4,
             "num_stages": 1}
 

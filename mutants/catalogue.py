@@ -4,7 +4,9 @@ A :class:`Mutant` is a source edit of one reference kernel: the target file, an 
 it and the snippet that replaces it. :func:`build` reads the target source, checks the snippet
 occurs exactly once (so a change to the kernel fails loudly instead of planting nothing),
 replaces it and executes the result as a fresh module; the mutant kernel is that module's
-``attention``, with the capabilities the original declares.
+``attention``, with the capabilities the original declares. A mutant of one of the ``triton``
+kernel's modules (:data:`TRITON_MODULES`) executes the modules that import it again on top of
+it, so the kernel is the host module's ``attention`` calling the mutant.
 
 Every mutant is an attribute of this module, built on first access, so the suite loads one with
 ``--kernel mutants.catalogue:NAME``. Each docstring names the bug class and the public report
@@ -22,7 +24,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKED = "refimpl/blocked.py"
+TRITON_KERNELS = "kernels/triton_attention_kernels.py"
+TRITON_LAUNCH = "kernels/triton_attention_launch.py"
 TRITON = "kernels/triton_attention.py"
+#: The ``triton`` kernel's modules in import order, each importing those before it: a mutant of
+#: one is built with the modules after it executed again on top of it (:func:`build`).
+TRITON_MODULES = (TRITON_KERNELS, TRITON_LAUNCH, TRITON)
 
 
 class MutantDrift(RuntimeError):
@@ -52,6 +59,13 @@ class Mutant:
     @property
     def kernel_family(self) -> str:
         return "blocked" if self.target == BLOCKED else "triton"
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The files :func:`build` executes, in order: the target, then those built on it."""
+        if self.target in TRITON_MODULES:
+            return TRITON_MODULES[TRITON_MODULES.index(self.target):]
+        return (self.target,)
 
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -545,10 +559,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "16-bit yardstick's lse has too. An lse passed through the output's dtype (a cast in a "
         "decode wrapper) before it is returned.",
     ),
-    # ---------------------------------------------------------- triton (kernels/triton_attention.py)
+    # ------------------------------------------------------- triton (kernels/triton_attention*.py)
     Mutant(
         "triton_tail_unmasked",
-        TRITON,
+        TRITON_KERNELS,
         "            visible = (offs_n < n_k)[None, :]\n"
         "            if CAUSAL:\n"
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
@@ -566,7 +580,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_diagonal_strict",
-        TRITON,
+        TRITON_KERNELS,
         "                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))\n"
         '            s = tl.where(visible, s, float("-inf"))\n'
         "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
@@ -579,7 +593,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_masked_fill_finite",
-        TRITON,
+        TRITON_KERNELS,
         '            s = tl.where(visible, s, float("-inf"))\n'
         "        m_new = tl.maximum(m_i, tl.max(s, 1))\n",
         "            s = tl.where(visible, s, -1.0e30)\n"
@@ -592,7 +606,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_empty_rows_nan",
-        TRITON,
+        TRITON_KERNELS,
         '            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)\n',
         "            m_sub = m_new\n",
         "NaN on fully masked rows",
@@ -603,7 +617,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_causal_range_top_left",
-        TRITON,
+        TRITON_KERNELS,
         "        offset = n_k - n_q  # bottom-right alignment: row i sees keys j <= i + offset\n",
         "        offset = 0  # top-left alignment\n",
         "causal aligned top-left",
@@ -614,7 +628,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_lse_base2",
-        TRITON,
+        TRITON_KERNELS,
         "(m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)",
         "(m_i + tl.log2(tl.where(empty, 1.0, l_i))))",
         "lse in base 2",
@@ -624,7 +638,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_bwd_ignores_causal",
-        TRITON,
+        TRITON_KERNELS,
         "            s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, "
         'float("-inf"))\n',
         "            s_t = tl.where(offs_m[None, :] < n_q, s_t, float(\"-inf\"))\n",
@@ -634,7 +648,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_bwd_query_tail_skipped",
-        TRITON,
+        TRITON_KERNELS,
         "            offs_n, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,\n",
         "            offs_n, full_lo, full_hi // BLOCK_M * BLOCK_M, n_q, n_k, scale2, win_left, win_right, "
         "cap2, slope2,\n",
@@ -645,7 +659,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_delta_omitted",
-        TRITON,
+        TRITON_KERNELS,
         "delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1) - dlse.to(ACC_DTYPE)",
         "delta = -dlse.to(ACC_DTYPE)",
         "D = rowsum(dO * O) wrong",
@@ -674,7 +688,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_gqa_dkdv_not_summed",
-        TRITON,
+        TRITON_KERNELS,
         "    for g in range(0, GROUP):\n",
         "    for g in range(0, 1):\n",
         "GQA dK/dV not summed over the group",
@@ -684,7 +698,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_head_dim_capped_64",
-        TRITON,
+        TRITON_LAUNCH,
         "    block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)\n",
         "    block_d, block_dv = min(64, padded_head_dim(d)), min(64, padded_head_dim(dv))\n",
         "head dims above 64 dropped",
@@ -694,7 +708,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_acc_fp16",
-        TRITON,
+        TRITON_KERNELS,
         "        l_i = l_i * alpha + tl.sum(p, 1)\n"
         "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
         "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)\n"
@@ -714,7 +728,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_no_rescale",
-        TRITON,
+        TRITON_KERNELS,
         "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n",
         "        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION,\n",
         "online-softmax rescale omitted",
@@ -726,7 +740,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_gqa_head_modulo",
-        TRITON,
+        TRITON_KERNELS,
         "        off_hkv = off_h // GROUP\n"
         "        q_base, k_base, v_base = Q, K, V\n"
         "    else:\n"
@@ -747,7 +761,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "triton_bwd_empty_rows_nan",
-        TRITON,
+        TRITON_KERNELS,
         '    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * log2e)\n',
         "    lse2 = lse * log2e\n",
         "NaN on fully masked rows (backward)",
@@ -803,20 +817,47 @@ def mutated_source(mutant: Mutant) -> str:
 
 
 def build(mutant: Mutant) -> Callable:
-    """Execute the mutated target as a fresh module and return its ``attention`` kernel.
+    """Execute the mutated target as a fresh module, then the modules built on it
+    (:attr:`Mutant.modules`), and return the last one's ``attention`` kernel.
 
-    The source is registered with :mod:`linecache` under a pseudo file name so that tools that
-    read a function's source (``triton.jit``, tracebacks) find the mutated text.
+    While they execute, each built module stands in ``sys.modules`` under its real name, so the
+    next one's ``from flashprop.kernels.<module> import ...`` takes the mutant's names; the real
+    entries are put back afterwards. The mutated source is registered with :mod:`linecache` under
+    a pseudo file name so that tools that read a function's source (``triton.jit``, tracebacks)
+    find the mutated text.
     """
-    source = mutated_source(mutant)
-    filename = f"<mutant {mutant.name} of {mutant.target}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    module = types.ModuleType(f"mutants.built.{mutant.name}", mutant.doc)
+    saved: dict[str, types.ModuleType | None] = {}
+    try:
+        for path in mutant.modules:
+            real = "flashprop." + path.removesuffix(".py").replace("/", ".")
+            module = _execute(mutant, path)
+            saved.setdefault(real, sys.modules.get(real))
+            sys.modules[real] = module
+    finally:
+        for real, original in saved.items():
+            if original is None:
+                del sys.modules[real]
+            else:
+                sys.modules[real] = original
+    return module.attention
+
+
+def _execute(mutant: Mutant, path: str) -> types.ModuleType:
+    """``path`` as a fresh module named for the mutant: the mutated source for its target, the
+    file as it is for a module built on it."""
+    if path == mutant.target:
+        source, filename = mutated_source(mutant), f"<mutant {mutant.name} of {mutant.target}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    else:
+        filename = str(ROOT / path)
+        source = Path(filename).read_text()
+    name = f"mutants.built.{mutant.name}" + ("" if path == mutant.target else f".{Path(path).stem}")
+    module = types.ModuleType(name, mutant.doc)
     module.__file__ = filename
-    module.__package__ = "flashprop." + Path(mutant.target).parent.name  # its relative imports' home
+    module.__package__ = "flashprop." + Path(path).parent.name  # its relative imports' home
     sys.modules[module.__name__] = module
     exec(compile(source, filename, "exec"), module.__dict__)
-    return module.attention
+    return module
 
 
 def __getattr__(name: str) -> Callable:

@@ -1,0 +1,974 @@
+"""Fused FlashAttention-2 in Triton, the device kernels: forward and backward, read top to bottom.
+
+The ``triton`` kernel is three modules, each read top to bottom, in this order:
+
+  ``kernels/triton_attention_kernels.py`` (this one): the math, the conventions and the
+    ``@triton.jit`` kernels (stages 1-5);
+  ``kernels/triton_attention_launch.py``: tile choice, autotuning, the passes and their launch
+    (stage 6);
+  ``kernels/triton_attention.py``: the host side, input checks, the variants as the kernels take
+    them, autograd and the entry points ``attention`` and ``varlen`` (stage 7).
+
+Math. For one (batch, query head) pair with queries q_i, keys k_j and values v_j:
+
+    s_ij = scale * q_i . k_j                      (only keys j visible to query i)
+    lse_i = log sum_j exp(s_ij)                   (natural log)
+    o_i = sum_j exp(s_ij - lse_i) v_j
+
+The forward streams over key tiles with the online softmax: a running row maximum m_i, a running
+denominator l_i and an unnormalised accumulator acc_i, rescaled by exp(m_old - m_new) whenever
+the maximum grows. Exponentials use exp2, so scores are kept in base-2 units
+(s * scale * log2(e)) and converted back to natural log for lse.
+
+The backward (FlashAttention-2) recomputes P = exp(S - lse) tile by tile:
+
+    dV = P^T dO         dP = dO V^T         dS = P * (dP - Delta)
+    dQ = scale * dS K   dK = scale * dS^T Q   with Delta_i = rowsum(dO_i * o_i) - dlse_i
+
+(the dlse term makes lse differentiable too: d lse_i / d s_ij = P_ij).
+
+Variants (``docs/variants.md``, the FlashAttention order of operations), with c = Nk - Nq:
+
+    s_ij = softcap * tanh(s_ij / softcap)         (softcap > 0; tanh: :func:`_tanh`)
+    s_ij = s_ij - slope_bh * |i + c - j|          (ALiBi: slopes (Hq,) or (B, Hq))
+    s_ij = -inf unless i + c - left <= j <= i + c + right   (window_size; -1: unbounded side)
+    a sink logit z_h joins every row's softmax as a key with no value: the online softmax
+    starts at m = z_h, l = 1, so lse_i = logaddexp(lse_keys_i, z_h) and o shrinks
+
+and in the backward the softcap's derivative, dS <- dS * (1 - tanh^2) (ALiBi and masks are
+additive), and the sinks' gradient dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi (Delta as
+above, dlse included). Key tiles outside a window are skipped by the loop bounds, as the
+causal ones are. Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``,
+``SINKS``, ``VARLEN``): off, the kernels compile exactly the dense code.
+
+Varlen (``varlen``, ``flash_attn_varlen_func``'s signature; ``VARLEN``): sequence s of a pack is
+queries cu_q[s]:cu_q[s + 1] and keys cu_k[s]:cu_k[s + 1] of token-major tensors, and everything
+above holds for each sequence alone with its own Nq_s, Nk_s and c = Nk_s - Nq_s. The grids run
+over the longest sequences' tiles times sequences times heads; each program reads its
+sequence's bounds from cu_seqlens and exits at once when its tile lies past the sequence's
+end; tiles address the sequence's rows from its first token, so the loops are the dense ones.
+The backward preprocess needs no sequences: it runs on the pack as one batch element.
+
+Conventions (the flashprop kernel contract: the README's conventions table):
+
+* q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); any strides (strides are passed to
+  the kernels, nothing is made contiguous); Dv may differ from D; D, Dv in 1..256 (tiles are
+  padded to a power of two >= 16 and loads/stores masked).
+* GQA/MQA: query head h reads kv head h // (Hq // Hkv); dK/dV are summed over the group inside
+  one program (a loop over the group's query heads), so the backward needs no atomics and is
+  deterministic.
+* causal is bottom-right aligned: query i sees key j iff j <= i + (Nk - Nq). Key tiles no query
+  row of a block sees are skipped; tiles on the diagonal are masked. A row that sees no key
+  (Nq > Nk) gets o = 0, lse = -inf and zero gradients (with a sink: o = 0, lse = z_h).
+* window_size=(left, right) is bottom-right aligned too; with causal the right edge is the
+  diagonal. The host folds it into one band ``i + c - left <= j <= i + c + right`` with both
+  sides finite (an unbounded side becomes one that cuts nothing):
+  ``triton_attention.resolve_band``.
+* varlen: q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv), any strides; int32 cu_seqlens_q/k
+  of B + 1 entries from 0 to Tq, Tk (zero-length sequences legal, checked on the host:
+  ``contract.validate.check_varlen``); o (Tq, Hq, Dv) token-major, lse (Hq, Tq). Causal and
+  the window are bottom-right aligned per sequence; (B, Hq) ALiBi slopes give sequence s row s;
+  a sequence with no key gets o = 0, lse = -inf (or z_h), one with no query nothing. Never TMA.
+* alibi_slopes and sinks are float32 whatever the inputs' dtype; sinks.grad is float32.
+* fp16/bf16 inputs accumulate in fp32; fp32 uses ``tl.dot(input_precision="ieee")`` (no tf32);
+  fp64 runs in fp64 throughout (so gradcheck can run on the kernel). lse is fp32 (fp64 for
+  fp64 inputs); o has the input dtype.
+
+Stages of this module:
+  1. tile helpers (masked loads and stores; 32- or 64-bit row addressing, ``WIDE_ROWS``), the
+     key and query ranges a tile visits, the score variants (``_tanh``, ``_modified_scores``)
+  2. forward kernel
+  3. backward preprocess: Delta and the base-2 lse used by the backward
+  4. backward dK/dV kernel (one program per key tile and kv head)
+  5. backward dQ kernel (one program per query tile and query head)
+The launch module (stage 6) chooses the tiles and the compile-time switches and launches these
+kernels; the host module (stage 7) checks the inputs and folds the variants into their arguments.
+
+Forward memory access: dense 16-bit q, k, v (and o) whose rows and strides are 16-byte aligned go
+through 4-D TMA tensor descriptors (Hopper's copy engine: it zero-fills rows and head-dim
+columns past the tensor, so those loads need no masks); any other layout through masked
+pointer loads. ``FLASHPROP_TRITON_TMA=0`` forces the pointer loads everywhere (to compare).
+
+CPU: under ``TRITON_INTERPRET=1`` (read when this module is imported, as Triton does) the same
+kernels run in Triton's interpreter on CPU tensors. The interpreter multiplies bf16 bit patterns
+in ``tl.dot`` (triton issue 11584), so bf16 is refused there. Two changes to the interpreter
+are made at import: numpy >= 2.4's scalar conversion (:func:`_fix_interpreter_index_for_numpy_2_4`)
+and no re-patching in this module's helpers (:func:`_skip_repatching_in_helpers`).
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+#: Whether the kernels below are Triton-interpreted (CPU tensors) or compiled (CUDA tensors).
+#: ``triton.jit`` makes this choice when the decorated function is defined, i.e. at import.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+def _fix_interpreter_index_for_numpy_2_4() -> None:
+    """Triton 3.6's interpreter turns a scalar into a Python int with ``int(array_of_shape_1)``,
+    which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"),
+    so every loop with a runtime bound fails (triton issue 9171, fixed upstream by PR 9172).
+    Apply the upstream fix (squeeze first) when running interpreted on such a numpy."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    try:
+        int(np.ones(1, dtype=np.int32))
+        return  # numpy < 2.4: nothing to fix
+    except TypeError:
+        pass
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_flashprop_fixed", False):
+        return
+
+    def patch_lang_tensor(tensor, scope) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch_lang_tensor._flashprop_fixed = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
+def _skip_repatching_in_helpers() -> None:
+    """Triton's interpreter patches ``triton.language`` for itself (``_patch_lang``:
+    ``inspect.getmembers`` over four modules) when a kernel is launched, and again at every call
+    of a ``@triton.jit`` helper, although the launch has patched the same modules: about an
+    eighth of this module's interpreted CPU time (forward and backward of a pack of 8 sequences,
+    2 heads, D = 64, causal: 0.76 s, 0.66 s without). A call of a helper of this module while
+    ``triton.language`` is patched (``tl.load`` is then the interpreter's, not the builtin: a
+    launch of a kernel that sees ``tl``, as this module's helpers do) runs the helper without
+    patching again; every other call is Triton's own (Triton 3.6 to 3.9)."""
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpretedFunction.__call__
+    ours = globals()
+
+    def call(self, *args, **kwargs):
+        if self.fn.__globals__ is not ours or tl.core.is_builtin(tl.load):
+            return original(self, *args, **kwargs)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    interpreter.InterpretedFunction.__call__ = call
+
+
+if INTERPRET:
+    _fix_interpreter_index_for_numpy_2_4()
+    _skip_repatching_in_helpers()
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: tile helpers
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _wide_tile_ptrs(base, start, rows, cols, stride_r, stride_c):
+    """Pointers to ``base[rows, cols]`` of one (batch, head) slice, ``rows = start + arange``,
+    with 64-bit row offsets: the addressing of the pointer paths when ``WIDE_ROWS``.
+
+    Every kernel's ``base`` already holds the 64-bit (batch, head) offset; the offset within the
+    slice is ``rows * stride_r + cols * stride_c``. Without WIDE_ROWS (a launch whose tensors
+    span at most 2^31 - 1 elements, ``triton_attention_launch.wide_rows``) :func:`_load_tile` and
+    :func:`_store_tile` compute it in 32 bits, the cheapest addressing. With WIDE_ROWS: ``base +
+    start * stride_r`` in 64 bits (a scalar per tile), plus each row's ``(rows - start) *
+    stride_r`` in 64 bits (loop-invariant, so a loop over tiles computes it once), plus each
+    element's ``cols * stride_c`` in 32 bits. Row offsets pass 2^31 in a long sequence (q of
+    2^27 + 1 rows of 16 elements does on its last row) and in a view whose row stride is itself
+    near 2^31, whose rows lie that far apart within one tile: there 32-bit offsets inside the
+    tile would wrap too. Column offsets stay 32-bit: they would wrap only in a layout whose
+    head-dim stride is 2^31 / (D - 1) or more (the head dim outermost in a tensor of more than
+    2^31 elements), which these kernels do not address correctly. The 64-bit offsets cost
+    registers (more spills in some tuned configurations), hence the compile-time choice."""
+    tile_base = base + tl.cast(start, tl.int64) * stride_r  # start: an int in the interpreter
+    row_ptrs = tile_base + tl.arange(0, rows.shape[0]).to(tl.int64) * stride_r
+    return row_ptrs[:, None] + (cols * stride_c)[None, :]
+
+
+@triton.jit
+def _load_tile(
+    base,
+    start,
+    rows,
+    cols,
+    stride_r,
+    stride_c,
+    n_rows,
+    n_cols,
+    EVEN_COLS: tl.constexpr,
+    CHECK_ROWS: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
+):
+    """Load ``base[rows, cols]``, ``rows = start + arange``; entries with ``cols >= n_cols``
+    (padding of the head dim) or, when CHECK_ROWS, ``rows >= n_rows`` are never read and come
+    back as 0. EVEN_COLS states that the tile is exactly ``n_cols`` wide (no column mask
+    needed). The head dim is a runtime value, so one compiled kernel serves every head dim that
+    pads to the same tile width. Offsets within the slice: 32-bit, or 64-bit row offsets when
+    WIDE_ROWS (:func:`_wide_tile_ptrs`).
+
+    The 32-bit form is written out here and in :func:`_store_tile`, not in a helper of its own:
+    one more level of inlined calls changes the line information ptxas reads, and with it the
+    machine code of some kernels (with Triton 3.6: the unspecialised D = 200 ones), which
+    WIDE_ROWS false keeps exactly as it was before the 64-bit form existed."""
+    if WIDE_ROWS:
+        ptrs = _wide_tile_ptrs(base, start, rows, cols, stride_r, stride_c)
+    else:
+        ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    if CHECK_ROWS:
+        tile = tl.load(ptrs, mask=(rows < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+    elif not EVEN_COLS:
+        tile = tl.load(ptrs, mask=(cols < n_cols)[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _store_tile(base, tile, start, rows, cols, stride_r, stride_c, n_rows, n_cols,
+                WIDE_ROWS: tl.constexpr):
+    """Store ``tile`` to ``base[rows, cols]``, ``rows = start + arange``, for ``rows < n_rows``
+    and ``cols < n_cols``; offsets as :func:`_load_tile` computes them."""
+    if WIDE_ROWS:
+        ptrs = _wide_tile_ptrs(base, start, rows, cols, stride_r, stride_c)
+    else:
+        ptrs = base + rows[:, None] * stride_r + cols[None, :] * stride_c
+    mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+    tl.store(ptrs, tile.to(base.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _load_rows(src, off_b, off_h, start, rows, cols, stride_r, stride_c, n_rows, n_cols,
+               EVEN_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr, TMA: tl.constexpr,
+               WIDE_ROWS: tl.constexpr):
+    """Rows ``rows`` (= ``start`` + arange) of one (batch, head) slice. TMA: ``src`` is a 4-D tensor
+    descriptor (B, H, N, D) and the copy engine reads the box, rows and columns past the tensor
+    coming back as 0; otherwise ``src`` points at the slice and :func:`_load_tile` reads it
+    (32-bit offsets, or 64-bit row offsets when WIDE_ROWS)."""
+    if TMA:
+        box = src.load([off_b, off_h, start, 0])
+        tile = box.reshape(rows.shape[0], cols.shape[0])
+    else:
+        tile = _load_tile(src, start, rows, cols, stride_r, stride_c, n_rows, n_cols, EVEN_COLS,
+                          CHECK_ROWS, WIDE_ROWS)
+    return tile
+
+
+@triton.jit
+def _key_range(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               CAUSAL: tl.constexpr):
+    """Key range of the query tile [start_m, start_m + BLOCK_M).
+
+    Returns (full_hi, hi): keys [0, full_hi) form whole tiles every row of the query tile sees
+    (no mask needed); keys [full_hi, hi) are the diagonal and the ragged end of the keys (masked);
+    keys >= hi are seen by no row of the tile and skipped.
+    """
+    if CAUSAL:
+        offset = n_k - n_q  # bottom-right alignment: row i sees keys j <= i + offset
+        hi = tl.maximum(tl.minimum(n_k, start_m + BLOCK_M + offset), 0)
+        full_hi = tl.maximum(tl.minimum(n_k, start_m + 1 + offset), 0)
+    else:
+        hi = n_k
+        full_hi = n_k
+    full_hi = (full_hi // BLOCK_N) * BLOCK_N
+    return full_hi, hi
+
+
+@triton.jit
+def _window_key_range(start_m, n_q, n_k, win_left, win_right, BLOCK_M: tl.constexpr,
+                      BLOCK_N: tl.constexpr):
+    """Key range of the query tile [start_m, start_m + BLOCK_M) under a window, whose row i sees
+    keys i + c - win_left .. i + c + win_right (c = n_k - n_q; both sides finite:
+    ``triton_attention.resolve_band``).
+
+    Returns (lo, full_lo, full_hi, hi): keys [full_lo, full_hi) form whole tiles every row of the
+    tile sees (no mask); keys [lo, full_lo) (the window's left edge) and [full_hi, hi) (its
+    right edge, and the ragged end of the keys) are masked; keys outside [lo, hi) are seen by
+    no row of the tile and skipped. lo, full_lo and full_hi are tile boundaries unless clamped
+    to hi (the loops after them are then empty).
+    """
+    offset = n_k - n_q
+    last = tl.minimum(start_m + BLOCK_M, n_q) - 1  # the tile's last real row
+    hi = tl.maximum(tl.minimum(n_k, last + offset + win_right + 1), 0)
+    lo = tl.minimum(tl.maximum(start_m + offset - win_left, 0), hi)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    full_lo = tl.cdiv(tl.maximum(last + offset - win_left, 0), BLOCK_N) * BLOCK_N
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = (tl.minimum(n_k, start_m + offset + win_right + 1) // BLOCK_N) * BLOCK_N
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _window_query_range(start_n, n_q, n_k, win_left, win_right, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """Query range of the key tile [start_n, start_n + BLOCK_N) under a window (the dK/dV pass):
+    key j is seen by rows j - c - win_right .. j - c + win_left.
+
+    Returns (lo, full_lo, full_hi, hi): query tiles [full_lo, full_hi) see the whole key tile
+    (no mask); [lo, full_lo) (the window's right edge) and [full_hi, hi) (its left edge) are
+    masked; other rows see none of its keys and are skipped (boundaries as
+    :func:`_window_key_range`'s).
+    """
+    offset = n_k - n_q
+    last = tl.minimum(start_n + BLOCK_N, n_k) - 1  # the tile's last real key
+    hi = tl.maximum(tl.minimum(n_q, last - offset + win_left + 1), 0)
+    lo = tl.minimum(tl.maximum(start_n - offset - win_right, 0), hi)
+    lo = (lo // BLOCK_M) * BLOCK_M
+    full_lo = tl.cdiv(tl.maximum(last - offset - win_right, 0), BLOCK_M) * BLOCK_M
+    full_lo = tl.minimum(tl.maximum(full_lo, lo), hi)
+    full_hi = (tl.minimum(n_q, start_n - offset + win_left + 1) // BLOCK_M) * BLOCK_M
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), hi)
+    return lo, full_lo, full_hi, hi
+
+
+@triton.jit
+def _tanh(x):
+    """tanh(x), to about an ulp of x's dtype (fp32 or fp64: the interpreter has no libdevice, and
+    fast approximations are off by 2^-11). |x| < 0.625: x + x^3 P(x^2) / Q(x^2), the rational
+    approximation of the Cephes library (accurate to fp64's rounding there, where the
+    exponential form below loses x's leading digits); else (1 - e) / (1 + e), e = exp(-2|x|) in
+    (0, 0.29] (no overflow). One division serves both; the sign is put back last."""
+    dt = x.dtype  # constants through tl.full: Python floats in a kernel are rounded to fp32
+    p0, p1, p2 = (tl.full([], -9.64399179425052238628e-1, dt), tl.full([], -9.92877231001918586564e1, dt),
+                  tl.full([], -1.61468768441708447952e3, dt))
+    q0, q1, q2 = (tl.full([], 1.12811678491632931402e2, dt), tl.full([], 2.23548839060100448583e3, dt),
+                  tl.full([], 4.84406305325125486048e3, dt))
+    a = tl.abs(x)
+    x2 = a * a
+    num = (x2 * p0 + p1) * x2 + p2
+    den = ((x2 + q0) * x2 + q1) * x2 + q2
+    e = tl.exp2(a * tl.full([], -2.8853900817779268, dt))  # exp(-2|x|) = exp2(-2 log2(e) |x|)
+    small = a < 0.625
+    ratio = tl.where(small, a * x2 * num, 1.0 - e) / tl.where(small, den, 1.0 + e)
+    t = tl.where(small, a + ratio, ratio)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _modified_scores(qk, q_idx, kv_idx, n_q, n_k, qk_scale, SOFTCAP: tl.constexpr, softcap2,
+                     ALIBI: tl.constexpr, slope2):
+    """Base-2 logits of a tile from the raw products ``qk = q_i . k_j``, with the score variants
+    (softcap, then ALiBi), and ``tanh`` of the softcap (the backward's derivative 1 - tanh^2;
+    ``qk``'s scaled self without a softcap). ``q_idx``, ``kv_idx``: the rows' and keys' indices,
+    broadcastable to the tile (keys x queries in the dK/dV pass).
+
+    SOFTCAP: ``qk_scale = scale / softcap`` (tanh's argument) and ``softcap2 = softcap *
+    log2(e)``; else ``qk_scale = scale * log2(e)``. ALIBI: ``slope2 = slope * log2(e)`` of this
+    (batch, query head), the bias ``-slope2 * |i + c - j|``."""
+    if SOFTCAP:
+        t = _tanh(qk * qk_scale)
+        s = t * softcap2
+    else:
+        s = qk * qk_scale
+        t = s
+    if ALIBI:
+        s = s - slope2 * tl.abs(q_idx + (n_k - n_q) - kv_idx).to(s.dtype)
+    return s, t
+
+
+@triton.jit
+def _in_window(q_idx, kv_idx, n_q, n_k, win_left, win_right):
+    """Whether key ``kv_idx`` is in row ``q_idx``'s window, ``i + c - win_left <= j <= i + c +
+    win_right`` (c = n_k - n_q; causal folded in by the host), for broadcastable indices."""
+    diag = q_idx + (n_k - n_q)
+    return (kv_idx >= diag - win_left) & (kv_idx <= diag + win_right)
+
+
+@triton.jit
+def _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI: tl.constexpr,
+                 ACC_DTYPE: tl.constexpr):
+    """The ALiBi slope of (batch off_b, query head off_h) times log2(e) (stride_ab = 0 for slopes
+    of shape (Hq,)); 0 without ALIBI (unused)."""
+    if ALIBI:
+        slope = tl.load(Slopes + off_b * stride_ab + off_h * stride_ah).to(ACC_DTYPE)
+        slope2 = slope * tl.full([], 1.4426950408889634, ACC_DTYPE)
+    else:
+        slope2 = tl.zeros([], ACC_DTYPE)
+    return slope2
+
+
+@triton.jit
+def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """First query row of this program's tile. Causal: programs run the last query tiles (the
+    ones that see the most keys) first, so the lightest tiles fill the GPU's last wave."""
+    pid = tl.program_id(0)
+    if CAUSAL:
+        pid = tl.num_programs(0) - 1 - pid
+    return pid * BLOCK_M
+
+
+@triton.jit
+def _sequence(CuSeqQ, CuSeqK, off_b):
+    """Where sequence ``off_b`` of a pack (VARLEN) lies: (q_start, n_q, k_start, n_k), its first
+    query and key as 64-bit row indices of the packed tensors (``cu[off_b]``) and its lengths
+    (``cu[off_b + 1] - cu[off_b]``)."""
+    q_start = tl.load(CuSeqQ + off_b)
+    k_start = tl.load(CuSeqK + off_b)
+    n_q = tl.load(CuSeqQ + off_b + 1) - q_start
+    n_k = tl.load(CuSeqK + off_b + 1) - k_start
+    return q_start.to(tl.int64), n_q, k_start.to(tl.int64), n_k
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: forward
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_inner(
+    acc, m_i, l_i, q,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b, off_hkv,
+    offs_m, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
+):
+    """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
+
+    K and V come through :func:`_load_rows`: descriptors (TMA) or pointers at the kv head.
+    Logits: scaled, or through the score variants (:func:`_modified_scores`).
+
+    m_i is the running row maximum in base-2 units; MASKED tiles hide keys outside the window
+    (WINDOW: :func:`_in_window`), keys >= n_k and, when CAUSAL, keys right of the diagonal. A
+    row that has seen no key yet keeps m_i = -inf; it is subtracted as 0 so that
+    exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, off_b, off_hkv, start_n, offs_n, offs_d, stride_kn, stride_kd,
+                       n_k, head_dim, EVEN_D, MASKED, TMA, WIDE_ROWS)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP or ALIBI:
+            s, _ = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
+                                    SOFTCAP, softcap2, ALIBI, slope2)
+        else:
+            s = qk * qk_scale
+        if MASKED:
+            if WINDOW:
+                s = tl.where(_in_window(offs_m[:, None], offs_n[None, :], n_q, n_k, win_left,
+                                        win_right), s, float("-inf"))
+            visible = (offs_n < n_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        if MASKED:
+            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_sub = m_new
+        p = tl.exp2(s - m_sub[:, None])
+        alpha = tl.exp2(m_i - m_sub)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,
+                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
+                     out_dtype=acc.dtype)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q, K, V, Out, LSE,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    H_Q, GROUP, N_Q, N_K,
+    qk_scale: tl.float64,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah, Sinks, stride_z,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    SINKS: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """o and lse for one query tile of one (batch, query head). Grid: (cdiv(Nq, BLOCK_M), B*Hq).
+
+    LSE is a contiguous (B, Hq, Nq) buffer. qk_scale = scale * log2(e) (scale / softcap with
+    SOFTCAP: :func:`_modified_scores`), passed as fp64 so that fp64 runs are not rounded
+    through fp32. TMA: Q, K, V, Out are 4-D tensor descriptors with boxes (1, 1, rows, padded
+    head dim) and the strides are unused; else they are pointers, addressed with 64-bit row
+    offsets when WIDE_ROWS (:func:`_wide_tile_ptrs`).
+
+    Variants: WINDOW, the band win_left, win_right (:func:`_window_key_range`); SOFTCAP, softcap2;
+    ALIBI, fp32 Slopes of strides (stride_ab, stride_ah); SINKS, fp32 Sinks (Hq,) of stride
+    stride_z, each the running max's and sum's start (z_h * log2(e), 1). Unused ones are 0
+    (pointers: any tensor).
+
+    VARLEN (never with TMA): a pack of sequences, q, k, v, o token-major (T, H, D) with strides
+    (unused, head, token, dim), the batch index off_b a sequence of int32 CuSeqQ, CuSeqK
+    (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid:
+    (cdiv(max_seqlen_q, BLOCK_M), sequences*Hq); tiles past a sequence's queries exit.
+    """
+    start_m = _query_tile_start(BLOCK_M, CAUSAL)
+    off_bh = tl.program_id(1)
+    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's, below)
+    if TMA:  # descriptor coordinates are int32; descriptors hold their own strides
+        off_b = off_bh // H_Q
+        off_h = off_bh % H_Q
+        off_hkv = off_h // GROUP
+        q_base, k_base, v_base = Q, K, V
+    else:
+        off_b = (off_bh // H_Q).to(tl.int64)
+        off_h = (off_bh % H_Q).to(tl.int64)
+        off_hkv = off_h // GROUP
+        if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
+            q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+            if start_m >= n_q:  # a query tile past the sequence's end
+                return
+            q_base = Q + q_start * stride_qm + off_h * stride_qh
+            k_base = K + k_start * stride_kn + off_hkv * stride_kh
+            v_base = V + k_start * stride_vn + off_hkv * stride_vh
+        else:
+            q_base = Q + off_b * stride_qb + off_h * stride_qh
+            k_base = K + off_b * stride_kb + off_hkv * stride_kh
+            v_base = V + off_b * stride_vb + off_hkv * stride_vh
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
+    slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
+
+    q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q,
+                   head_dim, EVEN_D, True, TMA, WIDE_ROWS)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], dtype=ACC_DTYPE)
+    if SINKS:  # the sink: a key of logit z_h with no value, already seen
+        z2 = tl.load(Sinks + off_h * stride_z).to(ACC_DTYPE) * tl.full([], 1.4426950408889634, ACC_DTYPE)
+        m_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE) + z2
+        l_i = tl.full([BLOCK_M], 1.0, ACC_DTYPE)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), ACC_DTYPE)
+        l_i = tl.zeros([BLOCK_M], dtype=ACC_DTYPE)
+
+    if WINDOW:
+        lo, full_lo, full_hi, hi = _window_key_range(start_m, n_q, n_k, win_left, win_right,
+                                                     BLOCK_M, BLOCK_N)
+        # the window's left edge: masked
+        acc, m_i, l_i = _fwd_inner(
+            acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
+            off_hkv, offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+        )
+    else:
+        full_lo = 0
+        full_hi, hi = _key_range(start_m, n_q, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    # whole tiles every row sees: no masks
+    acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
+        off_hkv, offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+    )
+    # the diagonal (or the window's right edge) and the ragged end of the keys: masked
+    acc, m_i, l_i = _fwd_inner(
+        acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
+        off_hkv, offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+    )
+
+    # epilogue: rows that saw no key (nor a sink) have l_i = 0 -> o = 0, lse = -inf
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)
+    if TMA:  # the copy engine drops rows and columns past the tensor
+        Out.store([off_b, off_h, start_m, 0], o.to(Out.dtype).reshape(1, 1, BLOCK_M, BLOCK_DV))
+    else:
+        if VARLEN:
+            o_base = Out + q_start * stride_om + off_h * stride_oh
+        else:
+            o_base = Out + off_b * stride_ob + off_h * stride_oh
+        _store_tile(o_base, o, start_m, offs_m, offs_dv, stride_om, stride_od, n_q, head_dim_v,
+                    WIDE_ROWS)
+    if VARLEN:  # lse (Hq, Tq): head off_h's row, from the sequence's first query
+        lse_ptrs = LSE + off_h * N_Q + q_start + offs_m
+    else:  # lse (B, Hq, Nq)
+        lse_ptrs = LSE + off_bh.to(tl.int64) * N_Q + offs_m
+    tl.store(lse_ptrs, lse, mask=offs_m < n_q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3: backward preprocess
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_bwd_preprocess(
+    Out, DO, LSE, DLSE, DELTA, LSE2,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dlb, stride_dlh, stride_dlm,
+    H_Q, N_Q,
+    head_dim_v, EVEN_DV: tl.constexpr, BLOCK_DV: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Delta = rowsum(dO * o) - dlse and lse2 = lse * log2(e), with lse2 = +inf on empty rows
+    (lse = -inf) so that P = exp2(s - lse2) is 0 there rather than NaN.
+
+    LSE, DELTA, LSE2 are contiguous (B, Hq, Nq); DLSE is strided. WIDE_ROWS: 64-bit row
+    offsets into Out and DO (:func:`_wide_tile_ptrs`) and DLSE. Grid: (cdiv(Nq, BLOCK_M), B*Hq).
+    """
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_Q).to(tl.int64)
+    off_h = (off_bh % H_Q).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    row_ok = offs_m < N_Q
+
+    o = _load_tile(Out + off_b * stride_ob + off_h * stride_oh, start_m, offs_m, offs_dv,
+                   stride_om, stride_od, N_Q, head_dim_v, EVEN_DV, True, WIDE_ROWS)
+    do = _load_tile(DO + off_b * stride_dob + off_h * stride_doh, start_m, offs_m, offs_dv,
+                    stride_dom, stride_dod, N_Q, head_dim_v, EVEN_DV, True, WIDE_ROWS)
+    dlse_ptrs = DLSE + off_b * stride_dlb + off_h * stride_dlh
+    if WIDE_ROWS:
+        dlse_ptrs = dlse_ptrs + offs_m.to(tl.int64) * stride_dlm
+    else:
+        dlse_ptrs = dlse_ptrs + offs_m * stride_dlm
+    dlse = tl.load(dlse_ptrs, mask=row_ok, other=0.0)
+    delta = tl.sum(o.to(ACC_DTYPE) * do.to(ACC_DTYPE), 1) - dlse.to(ACC_DTYPE)
+
+    rows = off_bh.to(tl.int64) * N_Q + offs_m
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
+    log2e = tl.full([], 1.4426950408889634, ACC_DTYPE)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * log2e)
+    tl.store(DELTA + rows, delta, mask=row_ok)
+    tl.store(LSE2 + rows, lse2, mask=row_ok)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 4: backward dK / dV
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_dkdv_inner(
+    dk, dv, k, v,
+    q_base, do_base, lse2_base, delta_base,
+    stride_qm, stride_qd, stride_dom, stride_dod,
+    offs_n, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
+):
+    """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi).
+
+    Works on transposed tiles (keys x queries). Query rows >= n_q load q = dO = Delta = 0 (and
+    lse2 = 0, or +inf with ALIBI: P = 0) and so contribute exactly 0; key rows >= n_k only touch
+    their own (never stored) rows. MASKED tiles hide the queries left of the diagonal, or,
+    WINDOW, the pairs outside the window (:func:`_in_window`). SOFTCAP: dS is chained through
+    the softcap, dS * (1 - tanh^2).
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        row_ok = offs_m < n_q
+        q = _load_tile(q_base, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q, head_dim,
+                       EVEN_D, True, WIDE_ROWS)
+        do = _load_tile(do_base, start_m, offs_m, offs_dv, stride_dom, stride_dod, n_q,
+                        head_dim_v, EVEN_DV, True, WIDE_ROWS)
+        # rows >= n_q: lse2 = 0 makes P = exp2(s) = 1 (q = 0), or, with ALiBi, +inf makes P = 0
+        # (the bias alone could overflow exp2 there, and inf * 0 = NaN would reach dK, dV)
+        lse2 = tl.load(lse2_base + offs_m, mask=row_ok, other=float("inf") if ALIBI else 0.0)
+        delta = tl.load(delta_base + offs_m, mask=row_ok, other=0.0)
+
+        qk_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+        if SOFTCAP or ALIBI:
+            s_t, t_t = _modified_scores(qk_t, offs_m[None, :], offs_n[:, None], n_q, n_k, qk_scale,
+                                        SOFTCAP, softcap2, ALIBI, slope2)
+        else:
+            s_t = qk_t * qk_scale
+        if MASKED:
+            if WINDOW:
+                s_t = tl.where(_in_window(offs_m[None, :], offs_n[:, None], n_q, n_k, win_left,
+                                          win_right), s_t, float("-inf"))
+            else:
+                s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, float("-inf"))
+        p_t = tl.exp2(s_t - lse2[None, :])
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        ds_t = p_t * (dp_t - delta[None, :])
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - t_t * t_t)
+        dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision=PRECISION, out_dtype=dk.dtype)
+    return dk, dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q, K, V, DO, DK, DV, LSE2, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    H_KV, GROUP, N_Q, N_K,
+    qk_scale: tl.float64, sm_scale: tl.float64,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
+    read it (each with its own ALiBi slope). WIDE_ROWS: 64-bit row offsets
+    (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_fwd`'s (sinks do not
+    enter: the lse they changed is the forward's). Grid: (cdiv(Nk, BLOCK_N), B*Hkv).
+
+    VARLEN: sequence off_b of a pack, as :func:`_attn_fwd` takes it (LSE2, DELTA (Hq, Tq));
+    grid (cdiv(max_seqlen_k, BLOCK_N), sequences*Hkv), tiles past the sequence's keys exit."""
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_KV).to(tl.int64)
+    off_hkv = (off_bh % H_KV).to(tl.int64)
+    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
+    if VARLEN:
+        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+        if start_n >= n_k:  # a key tile past the sequence's end
+            return
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
+
+    if VARLEN:
+        k_base = K + k_start * stride_kn + off_hkv * stride_kh
+    else:
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+    k = _load_tile(k_base, start_n, offs_n, offs_d, stride_kn, stride_kd, n_k, head_dim, EVEN_D,
+                   True, WIDE_ROWS)
+    if VARLEN:
+        v_base = V + k_start * stride_vn + off_hkv * stride_vh
+    else:
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    v = _load_tile(v_base, start_n, offs_n, offs_dv, stride_vn, stride_vd, n_k, head_dim_v,
+                   EVEN_DV, True, WIDE_ROWS)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=ACC_DTYPE)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=ACC_DTYPE)
+
+    if WINDOW:  # query tiles [lo, full_lo) and [full_hi, hi) masked, whole ones between
+        lo, full_lo, full_hi, hi = _window_query_range(start_n, n_q, n_k, win_left, win_right,
+                                                       BLOCK_M, BLOCK_N)
+    else:
+        # Query tiles that see this key tile: rows i >= start_n - offset see key start_n; rows
+        # i >= start_n + BLOCK_N - 1 - offset see the whole tile (unmasked from full_lo on).
+        if CAUSAL:
+            offset = n_k - n_q
+            lo = (tl.maximum(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+            full_lo = tl.maximum(start_n + BLOCK_N - 1 - offset, 0)
+            full_lo = tl.maximum(tl.cdiv(full_lo, BLOCK_M) * BLOCK_M, lo)
+        else:
+            lo = 0
+            full_lo = 0
+        full_hi = n_q
+    masked_hi = tl.minimum(full_lo, n_q)
+
+    for g in range(0, GROUP):
+        off_h = off_hkv * GROUP + g
+        if VARLEN:  # LSE2, DELTA (Hq, Tq)
+            rows = off_h * N_Q + q_start
+            q_base = Q + q_start * stride_qm + off_h * stride_qh
+            do_base = DO + q_start * stride_dom + off_h * stride_doh
+        else:
+            rows = (off_b * H_KV * GROUP + off_h) * N_Q
+            q_base = Q + off_b * stride_qb + off_h * stride_qh
+            do_base = DO + off_b * stride_dob + off_h * stride_doh
+        slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
+            stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, lo, masked_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+            True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+        )
+        dk, dv = _bwd_dkdv_inner(
+            dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
+            stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+            False, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+        )
+        if WINDOW:  # the window's left edge: masked
+            dk, dv = _bwd_dkdv_inner(
+                dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
+                stride_qm, stride_qd, stride_dom, stride_dod,
+                offs_n, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+                head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
+                True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+            )
+
+    dk = dk * tl.full([], sm_scale, ACC_DTYPE)
+    if VARLEN:
+        dk_base = DK + k_start * stride_dkn + off_hkv * stride_dkh
+    else:
+        dk_base = DK + off_b * stride_dkb + off_hkv * stride_dkh
+    _store_tile(dk_base, dk, start_n, offs_n, offs_d, stride_dkn, stride_dkd, n_k, head_dim,
+                WIDE_ROWS)
+    if VARLEN:
+        dv_base = DV + k_start * stride_dvn + off_hkv * stride_dvh
+    else:
+        dv_base = DV + off_b * stride_dvb + off_hkv * stride_dvh
+    _store_tile(dv_base, dv, start_n, offs_n, offs_dv, stride_dvn, stride_dvd, n_k, head_dim_v,
+                WIDE_ROWS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 5: backward dQ
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _bwd_dq_inner(
+    dq, q, do, lse2, delta,
+    k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
+    head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
+):
+    """Accumulate dQ (unscaled) of one query tile over key tiles [lo, hi); MASKED tiles hide
+    keys as :func:`_fwd_inner`'s do. SOFTCAP: dS * (1 - tanh^2)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_tile(k_base, start_n, offs_n, offs_d, stride_kn, stride_kd, n_k,
+                       head_dim, EVEN_D, MASKED, WIDE_ROWS)
+        v = _load_tile(v_base, start_n, offs_n, offs_dv, stride_vn, stride_vd, n_k,
+                       head_dim_v, EVEN_DV, MASKED, WIDE_ROWS)
+        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if SOFTCAP or ALIBI:
+            s, t = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
+                                    SOFTCAP, softcap2, ALIBI, slope2)
+        else:
+            s = qk * qk_scale
+        if MASKED:
+            if WINDOW:
+                s = tl.where(_in_window(offs_m[:, None], offs_n[None, :], n_q, n_k, win_left,
+                                        win_right), s, float("-inf"))
+            visible = (offs_n < n_k)[None, :]
+            if CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None] + (n_k - n_q))
+            s = tl.where(visible, s, float("-inf"))
+        p = tl.exp2(s - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:
+            ds = ds * (1.0 - t * t)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=PRECISION, out_dtype=dq.dtype)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q, K, V, DO, DQ, LSE2, DELTA,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    H_Q, GROUP, N_Q, N_K,
+    qk_scale: tl.float64, sm_scale: tl.float64,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
+    (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_bwd_dkdv`'s.
+    Grid: (cdiv(Nq, BLOCK_M), B*Hq); VARLEN: as :func:`_attn_fwd`'s (LSE2, DELTA (Hq, Tq))."""
+    start_m = _query_tile_start(BLOCK_M, CAUSAL)
+    off_bh = tl.program_id(1)
+    off_b = (off_bh // H_Q).to(tl.int64)
+    off_h = (off_bh % H_Q).to(tl.int64)
+    off_hkv = off_h // GROUP
+    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
+    if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
+        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+        if start_m >= n_q:  # a query tile past the sequence's end
+            return
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    if VARLEN:  # LSE2, DELTA (Hq, Tq)
+        rows = off_h * N_Q + q_start + offs_m
+    else:
+        rows = off_bh.to(tl.int64) * N_Q + offs_m
+    scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    cap2 = tl.full([], softcap2, ACC_DTYPE)
+    slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
+
+    if VARLEN:
+        q_base = Q + q_start * stride_qm + off_h * stride_qh
+    else:
+        q_base = Q + off_b * stride_qb + off_h * stride_qh
+    q = _load_tile(q_base, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q, head_dim, EVEN_D,
+                   True, WIDE_ROWS)
+    if VARLEN:
+        do_base = DO + q_start * stride_dom + off_h * stride_doh
+    else:
+        do_base = DO + off_b * stride_dob + off_h * stride_doh
+    do = _load_tile(do_base, start_m, offs_m, offs_dv, stride_dom, stride_dod, n_q, head_dim_v,
+                    EVEN_DV, True, WIDE_ROWS)
+    lse2 = tl.load(LSE2 + rows, mask=offs_m < n_q, other=0.0)
+    delta = tl.load(DELTA + rows, mask=offs_m < n_q, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=ACC_DTYPE)
+
+    if VARLEN:
+        k_base = K + k_start * stride_kn + off_hkv * stride_kh
+        v_base = V + k_start * stride_vn + off_hkv * stride_vh
+    else:
+        k_base = K + off_b * stride_kb + off_hkv * stride_kh
+        v_base = V + off_b * stride_vb + off_hkv * stride_vh
+    if WINDOW:
+        lo, full_lo, full_hi, hi = _window_key_range(start_m, n_q, n_k, win_left, win_right,
+                                                     BLOCK_M, BLOCK_N)
+        # the window's left edge: masked
+        dq = _bwd_dq_inner(
+            dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+            offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+        )
+    else:
+        full_lo = 0
+        full_hi, hi = _key_range(start_m, n_q, n_k, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+    )
+    dq = _bwd_dq_inner(
+        dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+    )
+    dq = dq * tl.full([], sm_scale, ACC_DTYPE)
+    if VARLEN:
+        dq_base = DQ + q_start * stride_dqm + off_h * stride_dqh
+    else:
+        dq_base = DQ + off_b * stride_dqb + off_h * stride_dqh
+    _store_tile(dq_base, dq, start_m, offs_m, offs_d, stride_dqm, stride_dqd, n_q, head_dim,
+                WIDE_ROWS)
