@@ -60,13 +60,13 @@ __all__ = [
     "resolve_band", "resolve_tiles", "varlen", "wide_rows",
 ]
 
-#: log2(e): the kernels keep scores in base-2 units (``exp2``), the scale multiplied by it.
-LOG2E: float = math.log2(math.e)
 
 # ---------------------------------------------------------------------------------------------
 # Stage 7: host side
 # ---------------------------------------------------------------------------------------------
 
+#: log2(e): the kernels keep scores in base-2 units (``exp2``), the scale multiplied by it.
+LOG2E: float = math.log2(math.e)
 _BF16_INTERPRETER_REASON = (
     "Triton interpreter computes tl.dot on bf16 bit patterns (triton issue 11584)"
 )
