@@ -37,9 +37,9 @@ os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashprop.kernels.triton_attention as ta
-from flashprop.kernels.triton_attention_launch import _TUNING_KEY
 import torch
 import triton
+from flashprop.kernels.triton_attention_launch import _TUNING_KEY
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 

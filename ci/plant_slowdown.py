@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The module whose ``_forward`` holds the forward's ``_launch("fwd", ...)`` line (the host side).
 KERNEL = Path("kernels/triton_attention.py")
 PLANTED_NOTES = "planted-notes.txt"
 PLANT_MEASURED = 3

@@ -138,7 +138,10 @@ def _skip_repatching_in_helpers() -> None:
     2 heads, D = 64, causal: 0.76 s, 0.66 s without). A call of a helper of this module while
     ``triton.language`` is patched (``tl.load`` is then the interpreter's, not the builtin: a
     launch of a kernel that sees ``tl``, as this module's helpers do) runs the helper without
-    patching again; every other call is Triton's own (Triton 3.6 to 3.9)."""
+    patching again; every other call is Triton's own (Triton 3.6 to 3.9). The kernel's
+    ``@triton.jit`` functions all live in this module (the launch module's twins wrap them),
+    so keying on its globals covers them, and the helpers that ``kernels/triton_decode.py``'s
+    kernels call (``_in_window``, ``_modified_scores``)."""
     from triton.runtime import interpreter
 
     original = interpreter.InterpretedFunction.__call__
