@@ -387,13 +387,16 @@ def _launch(name: str, grid: Callable[[int, int], tuple[int, int]], args: tuple,
                                           meta["head_dim_v"], _itemsize(args[0]))
         kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
         launched = (block_m, block_n, options["num_warps"], options["num_stages"])
+    if name == "fwd":  # a new call: a backward pass recorded before belongs to an earlier one
+        _LAST_LAUNCH.clear()
     _LAST_LAUNCH[name] = (*launched, bool(meta.get("TMA")), tiles is None)
 
 
 def last_launch() -> dict[str, str]:
-    """Tiles, warps and stages of the last launch of each pass (``fwd``, ``bwd_dkdv``,
-    ``bwd_dq``), e.g. ``{"fwd": "128x64 w8 s3 TMA (tuned)"}``: which configuration the
-    autotuner picked, for benchmark reports (``benchmarks.bench_attention`` records it)."""
+    """Tiles, warps and stages of each pass (``fwd``, ``bwd_dkdv``, ``bwd_dq``) of the last call
+    (its forward, and its backward if one ran after it), e.g. ``{"fwd": "128x64 w8 s3 TMA
+    (tuned)"}``: which configuration the autotuner picked, for benchmark reports
+    (``benchmarks.bench_attention`` records it)."""
     return {
         name: f"{bm}x{bn} w{warps} s{stages}{' TMA' if tma else ''} ({'tuned' if tuned else 'fixed'})"
         for name, (bm, bn, warps, stages, tma, tuned) in _LAST_LAUNCH.items()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from flashprop.benchmarks.report import grid_table, memory_table, split_table, write_report
 from flashprop.benchmarks.schema import Row, Skipped, rows
 from flashprop.benchmarks.timing import CLOCKS, GATE_CLOCK, RoundSetup, median_seconds, time_once, warm_up
@@ -140,3 +141,18 @@ def test_flashprop_bench_times_a_sleeping_file_kernel_and_measures_its_memory(tm
     memory = [r for r in results if r.kernel == "./nap.py:attn" and r.mem_exponent is not None]
     assert len(memory) == 1 and memory[0].mem_n == [1024, 4096], results
     assert "\n| ./nap.py:attn | 1024 / 4096 | " in run.stdout, run.stdout
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the triton kernel on the CPU needs "
+                    "TRITON_INTERPRET=1 (set by tox)")
+def test_the_triton_kernels_last_launch_is_the_last_calls_passes() -> None:
+    """A forward after a forward and backward reports its one pass, not the earlier backward's
+    (a fwd row of the benchmark table listed the bwd tiles of the row before it)."""
+    from flashprop.kernels.triton_attention import attention, last_launch
+
+    q, k, v = (torch.randn(1, 1, 16, 16, requires_grad=True) for _ in range(3))
+    attention(q, k, v)[0].sum().backward()
+    assert set(last_launch()) == {"fwd", "bwd_dkdv", "bwd_dq"}
+    with torch.no_grad():
+        attention(q, k, v)
+    assert set(last_launch()) == {"fwd"}
