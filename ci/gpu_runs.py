@@ -28,6 +28,8 @@ import replay_failures
 from flashprop.harness import compile_locks, report
 from gpu_settings import LEAST_SECONDS, NOT_STARTED, ROOT, Config, SettingError, say
 
+from flashprop.commands import property_args
+
 #: Sources whose version decides the results: the state folder is keyed by their hash.
 SOURCES = ("conftest.py", "flashprop", "kernels", "properties", "refimpl")
 
@@ -78,21 +80,18 @@ class Run:
 
 def property_runs(cfg: Config) -> list[Run]:
     """One run per kernel of the property phase (``--max-examples`` from NAME@N)."""
-    runs = []
-    for kernel, examples in cfg.kernels:
-        args = [*cfg.files, "--kernel", kernel, "--device", cfg.device, "--hypothesis-profile", cfg.profile,
-                "-m", "not meta"]
-        runs.append(Run("properties", kernel, args + (["--max-examples", str(examples)] if examples else [])))
-    return runs
+    return [Run("properties", kernel, property_args([kernel], profile=cfg.profile, targets=cfg.files,
+                                                    device=cfg.device, max_examples=examples or None))
+            for kernel, examples in cfg.kernels]
 
 
 def fuzz_runs(cfg: Config, base: int) -> list[Run]:
     """One run per fuzz kernel: the fuzz profile, each property test in ``fuzz_split`` shards
     with seeds ``base .. base + fuzz_split - 1``."""
-    return [Run("fuzz", kernel, [*cfg.files, "--kernel", kernel, "--device", cfg.device,
-                                 "--hypothesis-profile", "fuzz", "-m", "not meta", "--max-examples",
-                                 str(cfg.fuzz_examples), "--shards", str(cfg.fuzz_split),
-                                 "--hypothesis-seed", str(base)], (base, base + cfg.fuzz_split - 1))
+    shards = ["--shards", str(cfg.fuzz_split), "--hypothesis-seed", str(base)]
+    return [Run("fuzz", kernel, [*property_args([kernel], profile="fuzz", targets=cfg.files,
+                                                device=cfg.device, max_examples=cfg.fuzz_examples), *shards],
+                (base, base + cfg.fuzz_split - 1))
             for kernel in cfg.fuzz_kernels]
 
 

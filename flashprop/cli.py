@@ -39,6 +39,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import NoReturn
 
+from flashprop.commands import property_args
 from flashprop.plugin import MAX_EXAMPLES_HELP, example_count
 
 #: The property modules, as ``fuzz --properties`` names them (``golden`` for test_golden.py).
@@ -121,14 +122,11 @@ def fuzz(ns: argparse.Namespace) -> int:
         print(f"flashprop fuzz: {problem}", file=sys.stderr)
         return 2
     targets = [f"{PACKAGE}.test_{name}" for name in ns.properties] if ns.properties else [PACKAGE]
-    args = ["--pyargs", *targets, "-q", "-m", "not meta", "--hypothesis-profile", "fuzz", "-W",
-            "ignore::RuntimeWarning"]
+    args = [*property_args(ns.kernel, profile="fuzz", targets=targets, pyargs=True, device=ns.device,
+                           max_examples=ns.max_examples), "-q", "-W", "ignore::RuntimeWarning"]
     if not ns.tracebacks:  # the table and the failures by cause are the report; tracebacks to a file
         args += ["--tracebacks-file", tracebacks_file(ns)]
-    for kernel in ns.kernel:
-        args += ["--kernel", kernel]
-    for option, value in (("--max-examples", ns.max_examples), ("--device", ns.device),
-                          ("--tally-json", ns.json), ("--junitxml", ns.junit_xml),
+    for option, value in (("--tally-json", ns.json), ("--junitxml", ns.junit_xml),
                           ("--example-db", ns.example_db), ("-n", ns.workers), ("--time", ns.time)):
         if value is not None:
             args += [option, str(value)]

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from flashprop.contract.registry import CPU_KERNELS, expand_specs
 
+from flashprop.commands import property_args
 from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
 
 #: Property files that run first, in this order (cheap, and between them they see most bug
@@ -92,11 +93,8 @@ def _env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def _pytest(kernels: list[str], *extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile", "ci"]
-    cmd += ["--device", "cpu"]
-    for kernel in kernels:
-        cmd += ["--kernel", kernel]
-    return [*cmd, *extra, "-m", "not meta", *property_files()]
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *extra,
+            *property_args(kernels, profile="ci", targets=property_files(), device="cpu")]
 
 
 def run_correct_kernel(kernel: str, timeout: float, threads: int) -> tuple[bool, float, str]:
