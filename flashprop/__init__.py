@@ -5,7 +5,8 @@ the problem, the registry, shared input checks), ``flashprop.kernels`` (the kern
 adapters), ``flashprop.refimpl`` (float64 golden, yardstick, blocked reference kernel),
 ``flashprop.harness`` (strategies, tolerance, the harness the properties use),
 ``flashprop.properties`` (the property tests), ``flashprop.plugin`` (the pytest plugin) and
-``flashprop.cli`` (the ``flashprop`` command). In a source checkout the same names resolve to the
+``flashprop.cli`` (the ``flashprop`` command; ``flashprop.commands`` builds the pytest arguments of
+its runs and the tools'). In a source checkout the same names resolve to the
 folders at the repository root.
 
 What a kernel author imports::
