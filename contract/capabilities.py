@@ -10,9 +10,10 @@ The suite draws only problems a kernel declares (:meth:`Capabilities.unsupported
 ``TypeError`` or ``NotImplementedError`` ("clear error or correct answer").
 
 Variants (``docs/variants.md``: sliding window, softcap, ALiBi, sinks, varlen, KV-cache decode,
-dropout) are opt-in: full support means the dense contract only, and a kernel declares each
-variant it takes. The varlen and KV-cache entry points are the kernel's attributes ``fn.varlen`` and
-``fn.kvcache`` (FlashAttention's ``flash_attn_varlen_func`` and ``flash_attn_with_kvcache``).
+dropout, FP8 inputs and FP8 KV caches) are opt-in: full support means the dense contract only,
+and a kernel declares each variant it takes. The varlen and KV-cache entry points are the
+kernel's attributes ``fn.varlen`` and ``fn.kvcache`` (FlashAttention's ``flash_attn_varlen_func``
+and ``flash_attn_with_kvcache``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ class KVCache:
     page_sizes: tuple[int, ...] = ()
     max_splits: int = 1
     max_queries: int = 64
+
+
+@dataclass(frozen=True)
+class FP8:
+    """What FP8 a kernel takes (``docs/variants.md``; the formats and shapes of ``contract/fp8.py``).
+
+    Attributes:
+        formats: the FP8 formats of its FP8 inputs and caches: ``e4m3`` (``torch.float8_e4m3fn``)
+            and ``e5m2`` (``torch.float8_e5m2``).
+        descales: the descale shapes (``tensor`` (), ``head`` (Hkv,), ``batch-head`` (B, Hkv))
+            its dense and varlen entry points take with FP8 q, k, v (``q_descale``, ``k_descale``,
+            ``v_descale``; o in bfloat16); empty: no FP8 inputs there.
+        cache_scales: the ``k_scale`` / ``v_scale`` shapes (``tensor``, ``head``) its decode entry
+            point takes with an FP8 KV cache (q float16 or bfloat16); empty: no FP8 cache.
+    """
+
+    formats: frozenset[str] = frozenset({"e4m3"})
+    descales: frozenset[str] = frozenset({"batch-head"})
+    cache_scales: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -108,6 +128,9 @@ class Capabilities:
         dropout: takes ``dropout_p`` and ``dropout_seed`` (seeded dropout of the probabilities) in
             its dense and varlen entry points; a kernel that can return the keep mask it applies
             also has ``fn.dropout_mask`` (``docs/variants.md``).
+        fp8: the FP8 inputs (dense, varlen) and FP8 KV caches (decode) it takes (:class:`FP8`);
+            ``None``: none. An FP8 problem's ``dtype`` is its o's: bfloat16 for FP8 q, k, v (not
+            read against ``dtypes``), q's for an FP8 cache.
         variant_backward: the variants (of ``contract.variants.BACKWARD``) whose gradients it
             supports, when it declares ``backward``.
         seqlen_multiple: Nq and Nk (and every varlen sequence's lengths) must be multiples of this.
@@ -141,6 +164,7 @@ class Capabilities:
     varlen: bool = False
     kvcache: KVCache | None = None
     dropout: bool = False
+    fp8: FP8 | None = None
     variant_backward: frozenset[str] = BACKWARD
     seqlen_multiple: int = 1
 
@@ -152,7 +176,7 @@ class Capabilities:
         """Why the kernel does not declare problem ``p``, or ``None`` when it does."""
         if p.device not in self.devices:
             return f"device {p.device} not in {sorted(self.devices)}"
-        if p.dtype not in self.dtypes:
+        if p.dtype not in self.dtypes and not (p.fp8 is not None and p.cache is None):  # FP8 q: the fp8 row's
             return f"dtype {p.dtype} not declared"
         if p.d not in self.head_dims:
             return f"head dim D={p.d} not declared"
@@ -201,6 +225,8 @@ class Capabilities:
             return "backward not declared"
         if p.cache is not None:
             return "KV-cache decode is forward only"
+        if p.fp8 is not None:
+            return "FP8 inputs are forward only (the contract has no FP8 gradient)"
         missing = sorted(set(p.variants) - self.variant_backward)
         return f"backward of {', '.join(missing)} not declared" if missing else None
 

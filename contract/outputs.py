@@ -6,16 +6,19 @@
     varlen     (Tq, Hq, Dv)       (Hq, Tq)        q (Tq, Hq, D), v (Tk, Hkv, Dv)
     kvcache    (B, Nq, Hq, Dv)    (B, Hq, Nq)     q (B, Nq, Hq, D), v_cache (..., Hkv, Dv)
 
-o is in the inputs' dtype. lse is float32 for 16-bit and float32 inputs, float64 for float64
-ones: the precision the softmax is accumulated in. An lse in a 16-bit dtype is rounded to about
-1e-3 relative, which a backward's ``P = exp(S - lse)`` and a split-KV combine's weights
-``exp(lse_s - lse)`` turn into errors of the same size, so its dtype is part of the contract, as
-its shape is (FlashAttention's ``softmax_lse`` is float32, (B, Hq, Nq), or (Hq, Tq) packed).
+o is in the inputs' dtype, bfloat16 for FP8 q, k, v (FlashAttention-3's rule; in decode from an
+FP8 cache o is in q's dtype, float16 or bfloat16). lse is float32 for FP8, 16-bit and float32
+inputs, float64 for float64 ones: the precision the softmax is accumulated in. An lse in a
+16-bit dtype is rounded to about 1e-3 relative, which a backward's ``P = exp(S - lse)`` and a
+split-KV combine's weights ``exp(lse_s - lse)`` turn into errors of the same size, so its dtype
+is part of the contract, as its shape is (FlashAttention's ``softmax_lse`` is float32, (B, Hq, Nq), or (Hq, Tq) packed).
 """
 
 from __future__ import annotations
 
 import torch
+
+from .fp8 import FP8_DTYPES, OUTPUT_DTYPE
 
 #: The shapes of o and lse per entry point, as the contract writes them.
 LAYOUTS: dict[str, dict[str, str]] = {
@@ -23,6 +26,11 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "varlen": {"o": "(Tq, Hq, Dv)", "lse": "(Hq, Tq)"},
     "kvcache": {"o": "(B, Nq, Hq, Dv)", "lse": "(B, Hq, Nq)"},
 }
+
+
+def output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The contract's o dtype for queries of ``dtype``: bfloat16 for FP8, else ``dtype``."""
+    return OUTPUT_DTYPE if dtype in FP8_DTYPES else dtype
 
 
 def lse_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -51,10 +59,10 @@ def mismatch(name: str, mode: str, actual: object, shape: tuple[int, ...], dtype
     call whose inputs are in ``dtype`` and whose ``name`` has ``shape``; ``None`` when it is."""
     if not isinstance(actual, torch.Tensor):
         return f"{name} is a {type(actual).__name__}, not a tensor"
-    want = dtype if name == "o" else lse_dtype(dtype)
+    want = output_dtype(dtype) if name == "o" else lse_dtype(dtype)
     if actual.dtype != want:
-        rule = ("the inputs' dtype" if name == "o"
-                else "float32 for 16-bit and float32 inputs, float64 for float64 ones")
+        rule = ("the inputs' dtype, bfloat16 for FP8 inputs" if name == "o"
+                else "float32 for FP8, 16-bit and float32 inputs, float64 for float64 ones")
         return f"{name} dtype {actual.dtype} != {want} (the contract's {name}: {rule}; inputs {dtype})"
     if tuple(actual.shape) != tuple(shape):
         return (f"{name} shape {tuple(actual.shape)} != {LAYOUTS[mode][name]} = {tuple(shape)} "

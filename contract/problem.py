@@ -39,10 +39,18 @@ Variants (``docs/variants.md``), each off by default (a dense problem):
     num_splits   split-KV for decode (``None``: the keyword is not passed)
     dropout      ``(dropout_p, dropout_seed)``: seeded dropout of the probabilities (dense and
                  varlen; ``refimpl/dropout.py``), passed as given, p = 0 included
+    fp8          ``(format, shape, placement)``: FP8 inputs (``contract/fp8.py``). Dense and varlen:
+                 q, k, v in ``format`` (``e4m3``, ``e5m2``) with ``q_descale``, ``k_descale``,
+                 ``v_descale`` of ``shape`` (``tensor``, ``head``, ``batch-head``) and ``dtype``
+                 bfloat16 (o's); decode: the cache in ``format`` with ``k_scale``, ``v_scale``
+                 (``tensor``, ``head``), q in ``dtype``. The drawn values are quantised under
+                 descales drawn per head group (:data:`FP8_PLACEMENTS` says where the values land
+                 in the format's range); :meth:`Problem.logical` gives the values the FP8 tensors
+                 stand for
 
-The values of q, k, v and dO do not depend on the variant fields (a decode problem draws the
-values of the dense problem with the same B, Nq, Nk and lays them out differently; varlen draws
-those of one sequence of length Tq, Tk and cuts it). :meth:`Problem.kernel_inputs` gives the
+The values of q, k, v and dO do not depend on the variant fields but fp8, which quantises them (a
+decode problem draws the values of the dense problem with the same B, Nq, Nk and lays them out
+differently; varlen draws those of one sequence of length Tq, Tk and cuts it). :meth:`Problem.kernel_inputs` gives the
 arguments of the problem's entry point, :meth:`Problem.logical` the dense (B, H, N, D) tensors
 behind them.
 """
@@ -57,6 +65,7 @@ from typing import Any
 
 import torch
 
+from . import fp8 as fp8_format
 from .variants import TABLE
 
 LAYOUTS = ("contiguous", "transposed", "sliced", "strided")
@@ -81,6 +90,16 @@ SINKS: dict[str, tuple[float, float, int]] = {
     "above": (120.0, 4.0, 1),
     "below": (-120.0, 4.0, -1),
 }
+#: Where an FP8 problem's values land in the format's range: per head group, the largest |value|
+#: is quantised to about ``top * 2^-u`` (u uniform in [0, 1), drawn per descale) with ``top``
+#:     full       the format's largest value (448, 57344): values near the top of the range
+#:     saturated  4 times it: the largest values clamp at the format's largest (saturation)
+#:     subnormal  4 times its smallest normal: most values subnormal or zero
+#:     far        as full, of q's values times 2^-12, k's times 2^12 (the logits unchanged) and v's
+#:                times 2^10: descales 2^12 away from the others'
+FP8_PLACEMENTS = ("full", "saturated", "subnormal", "far")
+#: ``far``: the factors of q's, k's and v's drawn values.
+FP8_FAR = {"q": 2.0**-12, "k": 2.0**12, "v": 2.0**10}
 #: ``overflow`` and ``underflow``: the logits' centre at the default scale 1/sqrt(D) (each row's
 #: is 1 to 2 times it) and their spread within a row (standard deviation).
 FAR_LOGIT, FAR_SPREAD = 120.0, 3.0
@@ -127,6 +146,7 @@ class Problem:
     page_size: int | None = None
     num_splits: int | None = None
     dropout: tuple[float, int] | None = None
+    fp8: tuple[str, str, str] | None = None
 
     def replace(self, **changes) -> Problem:
         return replace(self, **changes)
@@ -203,7 +223,7 @@ class Problem:
     def _place(self, t: torch.Tensor) -> torch.Tensor:
         """Put logical tensor ``t`` (B, H, N, D), or a packed (T, H, D), into memory per ``layout``
         (``transposed`` swaps the storage order of the two dims before the last); same values."""
-        t = t.to(self.dtype)
+        t = t if fp8_format.is_fp8(t) else t.to(self.dtype)
         nan = float("nan")
         if self.layout == "contiguous":
             buf = torch.full((t.numel() + 2 * _POISON_PAD,), nan, dtype=t.dtype)
@@ -231,9 +251,112 @@ class Problem:
         """The dense (B, H, N, D) values ``q, k, v, dO`` behind the problem, in the generating
         dtype on the CPU: a varlen problem's are one sequence of Tq queries and Tk keys."""
         if self.seqlens is None:
-            return self._values()
-        tq, tk = (sum(pair[i] for pair in self.seqlens) for i in (0, 1))
-        return self.replace(b=1, nq=tq, nk=tk)._values()
+            values = self._values()
+        else:
+            tq, tk = (sum(pair[i] for pair in self.seqlens) for i in (0, 1))
+            values = self.replace(b=1, nq=tq, nk=tk)._values()
+        if self.fp8 is None:
+            return values
+        q, k, v, do = values
+        q, k, v = self._fp8_raw(q, k, v)
+        scales = self.fp8_scales((q, k, v))
+        quantised = self._fp8_quantised(q, k, v, scales)
+        return (*self._fp8_dequantised(quantised, scales, q.dtype), do)
+
+    # ---------------------------------------------------------------- FP8
+    def _fp8_names(self) -> tuple[str | None, str, str]:
+        """The keywords of q's, k's and v's descales (q has none in decode: it is not FP8)."""
+        if self.cache is not None:
+            return None, "k_scale", "v_scale"
+        return "q_descale", "k_descale", "v_descale"
+
+    def _fp8_raw(self, q: torch.Tensor, k: torch.Tensor,
+                 v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The drawn values before quantisation: ``far``'s factors applied (:data:`FP8_FAR`)."""
+        if self.fp8[2] != "far":
+            return q, k, v
+        return q * FP8_FAR["q"], k * FP8_FAR["k"], v * FP8_FAR["v"]
+
+    def _by_sequence(self, fn, t: torch.Tensor, d: torch.Tensor | None, which: str):
+        """``fn(t, d)``, for varlen per sequence: the packed (1, H, T, D) ``t`` cut into its
+        sequences' queries (``which`` q) or keys, each with its row of a (B, Hkv) ``d`` (else
+        ``d`` itself), the results put back together along T."""
+        if self.seqlens is None:
+            return fn(t, d)
+        lengths = [pair[0 if which == "q" else 1] for pair in self.seqlens]
+        rows = d.expand(self.b, self.hkv) if d is not None and d.dim() == 2 else None
+        parts = [fn(part, d if rows is None else rows[s]) for s, part in enumerate(t.split(lengths, dim=2))]
+        return torch.cat(parts, dim=2) if parts[0].dim() == 4 else torch.stack(parts)
+
+    def fp8_scales(self, raw: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+                   ) -> dict[str, torch.Tensor]:
+        """The descales (float32, CPU) of an FP8 problem by keyword (``q_descale``, ``k_descale``,
+        ``v_descale``, or decode's ``k_scale``, ``v_scale``), from its values before quantisation
+        (``raw``: :meth:`_fp8_raw`'s, default the problem's own): per head group of the shape,
+        ``amax / top * 2^u`` (:data:`FP8_PLACEMENTS`; 1 for a group of zeros or no values)."""
+        if raw is None:
+            values = self._values() if self.seqlens is None else self.replace(
+                b=1, nq=sum(a for a, _ in self.seqlens), nk=sum(b for _, b in self.seqlens))._values()
+            raw = self._fp8_raw(*values[:3])
+        fmt, shape, placement = self.fp8
+        info = torch.finfo(fp8_format.FORMATS[fmt])
+        top = {"full": info.max, "saturated": 4 * info.max, "subnormal": 4 * info.smallest_normal,
+               "far": info.max}[placement]
+        g = torch.Generator().manual_seed(self.seed + 3)
+        out = {}
+        for name, t, which in zip(self._fp8_names(), raw, "qkv", strict=True):
+            if name is None:
+                continue
+            amax = self._amax(t, shape, which)
+            jitter = torch.exp2(torch.rand(amax.shape, generator=g, dtype=torch.float64))
+            d = torch.where(amax > 0, amax.double() / top * jitter, torch.ones_like(jitter))
+            out[name] = d.to(torch.float32)
+        return out
+
+    def _amax(self, t: torch.Tensor, shape: str, which: str) -> torch.Tensor:
+        """max|t| per head group of descale ``shape``: (), (Hkv,) or (B, Hkv) (varlen: per
+        sequence); 0 where a group holds no value. ``t`` is (B, H, N, D) (or packed)."""
+        def per_batch_head(x: torch.Tensor, _: object = None) -> torch.Tensor:
+            flat = x.detach().abs().reshape(x.shape[0], self.hkv, -1)
+            return flat.amax(-1) if flat.shape[-1] else flat.new_zeros((x.shape[0], self.hkv))
+
+        per_bh = self._by_sequence(per_batch_head, t, None, which)
+        per_bh = per_bh.reshape(-1, self.hkv)
+        if shape == "batch-head":
+            return per_bh
+        return per_bh.amax(0) if shape == "head" else per_bh.amax()
+
+    def _fp8_quantised(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       scales: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logical ``q, k, v`` as the problem's FP8 tensors under ``scales`` (q unchanged in decode)."""
+        fmt = self.fp8[0]
+        out = []
+        for name, t, which in zip(self._fp8_names(), (q, k, v), "qkv", strict=True):
+            if name is None:
+                out.append(t)
+                continue
+            hkv = self.hkv
+
+            def quantise(x: torch.Tensor, d: torch.Tensor, hkv: int = hkv) -> torch.Tensor:
+                return fp8_format.quantise(x, d, hkv, fmt)
+
+            out.append(self._by_sequence(quantise, t, scales[name], which))
+        return out[0], out[1], out[2]
+
+    def _fp8_dequantised(self, tensors: tuple[torch.Tensor, ...], scales: dict[str, torch.Tensor],
+                         dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The values FP8 ``tensors`` (:meth:`_fp8_quantised`'s) stand for, in ``dtype``."""
+        out = []
+        for name, t, which in zip(self._fp8_names(), tensors, "qkv", strict=True):
+            if name is None:
+                out.append(t)
+                continue
+
+            def values(x: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+                return fp8_format.dequantise(x, d, self.hkv).to(dtype)
+
+            out.append(self._by_sequence(values, t, scales[name], which))
+        return out[0], out[1], out[2]
 
     def grad_output(self) -> torch.Tensor:
         """The upstream gradient ``dO`` (contiguous), in the layout of the entry point's output."""
@@ -253,7 +376,8 @@ class Problem:
     def variant_kwargs(self, requires_grad: bool = False) -> dict[str, Any]:
         """The variant keywords of the call: ``window_size``, ``softcap``, ``alibi_slopes``,
         ``sinks`` (float32 whatever the problem's dtype, as ``docs/variants.md`` fixes them) and
-        ``dropout_p``, ``dropout_seed``, only those in use."""
+        ``dropout_p``, ``dropout_seed``, and an FP8 problem's descales (:meth:`fp8_scales`, on its
+        device), only those in use."""
         kw: dict[str, Any] = {}
         if self.window is not None:
             kw["window_size"] = tuple(self.window)
@@ -269,6 +393,8 @@ class Problem:
             kw["sinks"] = z.to(self.device).requires_grad_(requires_grad)
         if self.dropout is not None:
             kw["dropout_p"], kw["dropout_seed"] = float(self.dropout[0]), int(self.dropout[1])
+        if self.fp8 is not None:
+            kw.update({name: d.to(self.device) for name, d in self.fp8_scales().items()})
         return kw
 
     def kernel_inputs(
@@ -280,6 +406,9 @@ class Problem:
         from ``logical`` dense (B, H, N, D) ``q, k, v`` of the same shapes as :meth:`logical`'s."""
         q, k, v = logical if logical is not None else self.logical()[:3]
         kw = self.variant_kwargs(requires_grad)
+        if self.fp8 is not None:  # the values under the problem's descales (exact for its own)
+            scales = {n: d.cpu() for n, d in kw.items() if n in self._fp8_names()}
+            q, k, v = self._fp8_quantised(q, k, v, scales)
         if self.mode == "dense":
             args: tuple = tuple(self._place(t) for t in (q, k, v))
         elif self.mode == "varlen":
@@ -433,6 +562,8 @@ class Problem:
                if field is not None]
         if self.dropout is not None:
             kw += [("dropout_p", repr(float(self.dropout[0]))), ("dropout_seed", repr(int(self.dropout[1])))]
+        if self.fp8 is not None:
+            kw += [(name, None) for name in self._fp8_names() if name is not None]
         if self.cache is not None:
             kw.append(("cache_seqlens", None))
             if self.num_splits is not None:

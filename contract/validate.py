@@ -14,6 +14,10 @@ What an entry point calls before its kernel runs, one line per concern:
                                                     -> the number of sequences (varlen)
     check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits)
                                                     -> the cache capacity (KV-cache decode)
+    check_fp8(q, k, v, q_descale, k_descale, v_descale)
+                                                    -> Descales or None (FP8 dense, varlen)
+    check_cache_scales(q, k_cache, v_cache, k_scale, v_scale)
+                                                    -> Descales or None (FP8 KV cache)
 
 The finer checks they are made of (``check_window``, ``check_cache``, ...) are public too.
 """
@@ -21,9 +25,12 @@ The finer checks they are made of (``check_window``, ``check_cache``, ...) are p
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
+
+from .fp8 import CACHE_QUERY_DTYPES, CACHE_SCALE_SHAPES, DESCALE_SHAPES, is_fp8, shape_name, shape_of
 
 #: The most elements a 32-bit offset reaches. A kernel whose offsets are 32-bit declares
 #: ``max_elements=INT32_ELEMENTS`` and refuses larger tensors with :func:`check_elements`.
@@ -378,3 +385,98 @@ def check_decode(
     capacity = check_cache(q, k_cache, v_cache, cache_seqlens, block_table, values=values)
     check_num_splits(num_splits, max_splits)
     return capacity
+
+
+# ----------------------------------------------------------------------------------- FP8
+@dataclass(frozen=True)
+class Descales:
+    """The checked descales of an FP8 call (``contract/fp8.py``), each expanded to (B, Hkv)
+    float32 (B: batch elements, or varlen sequences); 1 where none was given. ``q`` is ``None``
+    in decode, whose queries are not FP8."""
+
+    q: torch.Tensor | None
+    k: torch.Tensor
+    v: torch.Tensor
+
+
+def _descale(d: object, name: str, batch: int, kv_heads: int, device: torch.device,
+             shapes: Collection[str], contract: tuple[str, ...]) -> torch.Tensor:
+    if d is None:
+        return torch.ones((batch, kv_heads), dtype=torch.float32, device=device)
+    if not isinstance(d, torch.Tensor):
+        raise TypeError(f"{name} must be a float32 tensor, got {type(d).__name__}")
+    if d.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32, got {d.dtype}")
+    found = shape_name(d, batch, kv_heads)
+    if found not in contract:
+        allowed = ", ".join(f"{shape_of(n, batch, kv_heads)} ({n})" for n in contract)
+        raise ValueError(f"{name} must have one of the shapes {allowed}, got {tuple(d.shape)}")
+    if found not in shapes:
+        raise NotImplementedError(f"{name} of shape {tuple(d.shape)} ({found}): only {sorted(shapes)} "
+                                  "supported")
+    if d.device != device:
+        raise ValueError(f"{name} is on {d.device}, the inputs on {device}")
+    return d.expand(batch, kv_heads)
+
+
+def check_fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_descale: object = None,
+    k_descale: object = None,
+    v_descale: object = None,
+    *,
+    batch: int | None = None,
+    shapes: Collection[str] = DESCALE_SHAPES,
+) -> Descales | None:
+    """FP8 inputs of the dense (B, H, N, D) or varlen (T, H, D) entry point: q, k, v in one FP8
+    format (float8_e4m3fn or float8_e5m2; one dtype is :func:`check_dense`'s and
+    :func:`check_packed`'s check) with float32 descales of shape (), (Hkv,) or (B, Hkv) (``batch``:
+    the varlen sequences; default q's B); ``shapes``: those the kernel takes (another is
+    ``NotImplementedError``). ``None`` when the inputs are not FP8, and then no descale may be
+    given (a descale dequantises FP8 values: on 16-bit inputs it would be ignored or misapplied)."""
+    given = [n for n, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale))
+             if d is not None]
+    if not is_fp8(q):
+        if given:
+            raise TypeError(f"{', '.join(given)} given for {q.dtype} inputs: descales dequantise FP8 "
+                            "(float8_e4m3fn, float8_e5m2) q, k, v")
+        return None
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"FP8 q, k, v must share one format, got {q.dtype}, {k.dtype}, {v.dtype}")
+    b = q.shape[0] if batch is None else batch
+    kv_heads = k.shape[1]
+    args = (b, kv_heads, q.device, shapes, DESCALE_SHAPES)
+    return Descales(*(_descale(d, n, *args) for d, n in ((q_descale, "q_descale"), (k_descale, "k_descale"),
+                                                          (v_descale, "v_descale"))))
+
+
+def check_cache_scales(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k_scale: object = None,
+    v_scale: object = None,
+    *,
+    shapes: Collection[str] = CACHE_SCALE_SHAPES,
+) -> Descales | None:
+    """An FP8 KV cache in decode (FlashInfer's and vLLM's convention): k_cache and v_cache in one
+    FP8 format, q float16 or bfloat16, float32 ``k_scale``, ``v_scale`` of shape () or (Hkv,)
+    (``shapes``: those the kernel takes; another is ``NotImplementedError``). ``None`` when the
+    cache is not FP8, and then no scale may be given."""
+    given = [n for n, s in (("k_scale", k_scale), ("v_scale", v_scale)) if s is not None]
+    if not (is_fp8(k_cache) or is_fp8(v_cache)):
+        if given:
+            raise TypeError(f"{', '.join(given)} given for a {k_cache.dtype} cache: the scales dequantise "
+                            "an FP8 (float8_e4m3fn, float8_e5m2) cache")
+        return None
+    if k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"an FP8 cache's k_cache and v_cache must share one format, got {k_cache.dtype}, "
+                        f"{v_cache.dtype}")
+    if q.dtype not in CACHE_QUERY_DTYPES:
+        raise TypeError(f"an FP8 KV cache is read with float16 or bfloat16 queries, got q {q.dtype} (FP8 "
+                        "queries with descales are the dense and varlen entry points')")
+    b, kv_heads = q.shape[0], k_cache.shape[2]
+    args = (b, kv_heads, q.device, shapes, CACHE_SCALE_SHAPES)
+    return Descales(None, _descale(k_scale, "k_scale", *args), _descale(v_scale, "v_scale", *args))

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .fp8 import CACHE_QUERY_DTYPES, OUTPUT_DTYPE
+
 #: A function of a kernel's Capabilities (typed loosely: this module sits below capabilities.py).
 Caps = Any
 #: A function of a Problem (likewise).
@@ -103,6 +105,38 @@ def _dropout_refusal(caps: Caps, p: Prob) -> str | None:
     return None
 
 
+def _fp8_refusal(caps: Caps, p: Prob) -> str | None:
+    fp8 = caps.fp8
+    if fp8 is None or not fp8.descales:
+        return "FP8 q, k, v (q_descale, k_descale, v_descale) not declared"
+    fmt, shape, _ = p.fp8
+    if fmt not in fp8.formats:
+        return f"FP8 format {fmt} not declared"
+    if shape not in fp8.descales:
+        return f"descales of shape {shape!r} not declared"
+    if p.dtype != OUTPUT_DTYPE:
+        return f"FP8 q, k, v give a bfloat16 o: the problem's dtype is bfloat16, not {p.dtype}"
+    if p.dropout is not None:
+        return "dropout of FP8 inputs is not in the contract (FA3's FP8 forward has none)"
+    return None
+
+
+def _fp8_cache_refusal(caps: Caps, p: Prob) -> str | None:
+    fp8 = caps.fp8
+    if caps.kvcache is None:
+        return None  # the kvcache row says it
+    if fp8 is None or not fp8.cache_scales:
+        return "FP8 KV cache (k_scale, v_scale) not declared"
+    fmt, shape, _ = p.fp8
+    if fmt not in fp8.formats:
+        return f"FP8 format {fmt} not declared"
+    if shape not in fp8.cache_scales:
+        return f"cache scales of shape {shape!r} not declared"
+    if p.dtype not in CACHE_QUERY_DTYPES:
+        return f"an FP8 cache is read with float16 or bfloat16 queries, not {p.dtype}"
+    return None
+
+
 TABLE: tuple[Variant, ...] = (
     Variant("window", ("window_size",), "any", True, lambda p: p.window is not None,
             lambda c: c.window, lambda c, p: None if c.window else "window_size not declared"),
@@ -124,6 +158,13 @@ TABLE: tuple[Variant, ...] = (
             lambda c: c.kvcache is not None and c.kvcache.max_splits > 1, _splits_refusal),
     Variant("dropout", ("dropout_p", "dropout_seed"), "training", True, lambda p: p.dropout is not None,
             lambda c: c.dropout, _dropout_refusal, stochastic=True),
+    Variant("fp8", ("q_descale", "k_descale", "v_descale"), "training", False,
+            lambda p: p.fp8 is not None and p.cache is None,
+            lambda c: c.fp8 is not None and bool(c.fp8.descales), _fp8_refusal),
+    Variant("fp8-cache", ("k_scale", "v_scale"), "kvcache", False,
+            lambda p: p.fp8 is not None and p.cache is not None,
+            lambda c: c.kvcache is not None and c.fp8 is not None and bool(c.fp8.cache_scales),
+            _fp8_cache_refusal),
 )
 #: The variants' names, in the order the reports list them.
 NAMES: tuple[str, ...] = tuple(v.name for v in TABLE)

@@ -27,6 +27,7 @@ from .check import (
     PropertyFailure,
     failure,
     reference_for,
+    with_rounding,
     yardstick_precision,
 )
 from .symptoms import Relation
@@ -63,7 +64,7 @@ def references_on(kernel: Kernel, problem: Problem, inputs: Inputs | KernelInput
               alignment=kernel.capabilities.causal_alignment,
               **{name: plain(val) for name, val in inputs.kwargs.items()})
     effective = problem.replace(scale=kw["scale"]).effective_scale
-    cond = Conditioning.of_entry(problem.mode, args, effective)
+    cond = with_rounding(Conditioning.of_entry(problem.mode, args, effective, kw), problem.mode, args, kw)
     golden = Outputs(*golden_fn(*args, **kw), conditioning=cond)
     with torch.no_grad(), yardstick_precision(kernel.capabilities.fp32_matmul == "tf32", args[0]):
         yard = Outputs(*yard_fn(*args, **kw))
@@ -96,7 +97,7 @@ def budgets(dtype: torch.dtype, refs: tuple[Outputs, Outputs]) -> dict[str, floa
     for name in FORWARD:
         g, y = getattr(golden, name), getattr(yard, name).to(torch.float64)
         out[name] = budget(name, dtype, _max_finite_diff(y, g), _max_finite_abs(g), logit_size,
-                           cond.values_for(name))[0]
+                           cond.values_for(name), cond.rounding_for(name))[0]
     return out
 
 

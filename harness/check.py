@@ -13,7 +13,7 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -22,17 +22,20 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 
+from ..contract.fp8 import is_fp8
 from ..contract.outputs import mismatch as output_mismatch
 from ..contract.outputs import mismatches as output_mismatches
 from ..contract.problem import KernelInputs, Problem
 from ..contract.registry import Kernel
 from ..contract.validate import CLEAR_ERRORS
 from ..refimpl import attention_golden, attention_golden_backward, attention_yardstick
+from ..refimpl.golden import attention_rounding_bound
 from ..refimpl.layouts import (
     kvcache_golden,
     kvcache_yardstick,
     varlen_golden,
     varlen_golden_backward,
+    varlen_rounding_bound,
     varlen_yardstick,
 )
 from . import campaign, timebox
@@ -49,7 +52,7 @@ from .report import (
 )
 from .strategies import DRAWN
 from .symptoms import Relation, Symptom
-from .tolerance import Comparison, Conditioning, compare, conditioning
+from .tolerance import Comparison, Conditioning, compare, conditioning, finite_max_abs
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
 REFERENCES = {
@@ -57,6 +60,9 @@ REFERENCES = {
     "varlen": (varlen_golden, varlen_golden_backward, varlen_yardstick),
     "kvcache": (kvcache_golden, None, kvcache_yardstick),
 }
+#: Per entry point with FP8 q, k, v: the golden's bound of the rounding of P the contract allows
+#: (``harness.tolerance``: o's floor).
+ROUNDING = {"dense": attention_rounding_bound, "varlen": varlen_rounding_bound}
 #: Gradient names, in the order the golden backward returns them.
 GRADIENTS = ("dq", "dk", "dv", "dsinks")
 
@@ -260,6 +266,15 @@ def gradient_names(problem: Problem) -> tuple[str, ...]:
     return GRADIENTS if problem.sinks is not None else GRADIENTS[:3]
 
 
+def with_rounding(cond: Conditioning, mode: str, args: tuple, kw: dict) -> Conditioning:
+    """``cond`` with the FP8 rounding term of a ``mode`` call on FP8 ``args`` (:data:`ROUNDING`,
+    ``kw`` the references' keywords); as it is for any other call."""
+    bound = ROUNDING.get(mode)
+    if bound is None or not is_fp8(args[0]):
+        return cond
+    return replace(cond, rounding=finite_max_abs(bound(*args, **kw)[0]))
+
+
 @functools.lru_cache(maxsize=16)
 def references(problem: Problem, alignment: str, tf32: bool, backward: bool) -> tuple[Outputs, Outputs]:
     """Golden (float64) and yardstick (input dtype) outputs for ``problem``, cached."""
@@ -275,7 +290,7 @@ def references_with(
     inp = problem.kernel_inputs()
     kw = dict(causal=problem.causal, scale=problem.scale, alignment=alignment, **inp.kwargs, **(extra or {}))
     o, lse = golden_fn(*inp.args, **kw)
-    golden = Outputs(o, lse, conditioning=conditioning(problem))
+    golden = Outputs(o, lse, conditioning=with_rounding(conditioning(problem), problem.mode, inp.args, kw))
     names = gradient_names(problem)
     if backward:
         q, k, v, *rest = inp.args
@@ -349,7 +364,7 @@ def judge(kernel: Kernel, problem: Problem, out: Outputs, names: tuple[str, ...]
         magnitude = golden.bounds.get(name) if golden.bounds else None
         dtype = budget_dtype(problem, name)
         results.append(compare(name, actual, expected, getattr(yard, name), dtype, magnitude, logit_size,
-                               cond.values_for(name)))
+                               cond.values_for(name), cond.rounding_for(name)))
     return results
 
 

@@ -36,6 +36,21 @@ of ``eps(float64) * max(1, L) * max(1, magnitude, values)``, a quarter of this t
 kernel that declares ``fp32_matmul="tf32"`` is judged against a yardstick whose float32 matmuls
 also run in tf32.
 
+FP8 (``docs/variants.md``). The golden reads FP8 inputs exactly (dequantised in float64); o is
+bfloat16 and judged at bfloat16's r and floor. Below that, the contract lets a kernel round the
+probabilities P to V's FP8 format for the PV product, as FlashAttention-3 does, and the
+yardstick rounds them so too (``refimpl/yardstick.py``): its error carries their typical size.
+One rounding of P is not another's, though (a kernel's running max is not the yardstick's row
+max, so their P round differently: the ratio of their errors reached 7.4 on 3,000 small
+problems), so o's floor also has the worst case of the rounding the contract allows, computed by
+the golden for the very problem (:func:`refimpl.golden.attention_rounding_bound`,
+:attr:`Conditioning.rounding`):
+
+    floor += max_bhid  u / l_i * sum_j max(e_ij, t) |v_jd|
+
+(u the format's unit roundoff, t its smallest normal, ``e_ij = exp(s_ij - m_i)``). It is a
+bound, not a constant: 1/16 of the weighted mean of |V| for e4m3 at most, less where P is peaked.
+
 Exact requirements come before the budget: NaN where the golden is finite fails, -inf in lse
 must sit exactly where the golden has -inf (empty rows), and empty rows must give o = 0 exactly.
 """
@@ -47,6 +62,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fp8 import dequantised, is_fp8
 from ..contract.problem import Problem
 
 #: r: allowed multiple of the yardstick's error, per tensor and dtype. In fp16/bf16 the kernel's
@@ -161,10 +177,13 @@ class Conditioning:
     Attributes:
         raw_logits: :func:`raw_logit_size` of the problem's q and k.
         values: max|V|, which o averages.
+        rounding: the most the rounding the contract allows below o's dtype may move o: FP8's
+            probabilities (:func:`refimpl.golden.attention_rounding_bound`); 0 for the others.
     """
 
     raw_logits: float
     values: float
+    rounding: float = 0.0
 
     def logit_size(self, lse: torch.Tensor) -> float:
         """L: the larger of the raw logits' size and max|lse| over the golden's finite lse."""
@@ -174,6 +193,10 @@ class Conditioning:
         """What tensor ``name`` averages, for :func:`budget`'s ``values``: max|V| for o, else 0."""
         return self.values if name == "o" else 0.0
 
+    def rounding_for(self, name: str) -> float:
+        """:func:`budget`'s ``rounding`` of tensor ``name``: :attr:`rounding` for o, else 0."""
+        return self.rounding if name == "o" else 0.0
+
     @classmethod
     def of(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
            chunk: int = CHUNK) -> Conditioning:
@@ -182,12 +205,15 @@ class Conditioning:
         return cls(raw_logit_size(q, k, scale, chunk), finite_max_abs(v))
 
     @classmethod
-    def of_entry(cls, mode: str, args: tuple, scale: float) -> Conditioning:
+    def of_entry(cls, mode: str, args: tuple, scale: float, kwargs: dict | None = None) -> Conditioning:
         """The conditioning of an entry point's leading ``q, k, v`` (``docs/contract.md``): dense
         (B, H, N, D); varlen packed (T, H, D); decode q (B, Nq, H, D) with a cache (B, Nk, Hkv, D)
         or pages (P, page, Hkv, D). Outside the dense layout every query is paired with every key
-        of its head group, across sequences: an upper bound, as :func:`conditioning`'s."""
+        of its head group, across sequences: an upper bound, as :func:`conditioning`'s. FP8
+        tensors count as the values they stand for under the call's descales (``kwargs``)."""
         q, k, v = args[:3]
+        if any(is_fp8(t) for t in (q, k, v)):
+            q, k, v = dequantised(mode, args, kwargs or {})
         if mode == "dense":
             return cls.of(q, k, v, scale)
         q, k, v = (t.detach().reshape(-1, *t.shape[-2:]).transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -216,13 +242,15 @@ def budget(
     magnitude: float,
     logit_size: float = 0.0,
     values: float = 0.0,
+    rounding: float = 0.0,
 ) -> tuple[float, float]:
     """``(budget, floor)`` for tensor ``name`` of a ``dtype`` problem: ``magnitude`` as
     :func:`compare`'s, ``logit_size`` L (:meth:`Conditioning.logit_size`) and ``values`` (what
-    the tensor averages: max|V| for o; 0 for the others) scale the logit term."""
+    the tensor averages: max|V| for o; 0 for the others) scale the logit term; ``rounding``
+    (:meth:`Conditioning.rounding_for`: FP8's P) joins the floor as it is."""
     acc_eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
     floor = (FLOOR_ULPS[dtype] * torch.finfo(dtype).eps * max(1.0, magnitude)
-             + LOGIT_ULPS * acc_eps * logit_size * max(1.0, magnitude, values))
+             + LOGIT_ULPS * acc_eps * logit_size * max(1.0, magnitude, values) + rounding)
     return RATIO[name][dtype] * yardstick_error + floor, floor
 
 
@@ -235,12 +263,13 @@ def compare(
     magnitude: float | None = None,
     logit_size: float = 0.0,
     values: float = 0.0,
+    rounding: float = 0.0,
 ) -> Comparison:
     """Judge ``actual`` against ``golden`` (float64) with the yardstick's error as the scale.
 
     ``magnitude`` is the tensor's natural magnitude for the floor (default: max|golden|);
     ``logit_size`` is the problem's L and ``values`` what the tensor averages (max|V| for o), the
-    floor's logit term (:func:`budget`, :func:`conditioning`)."""
+    floor's logit term (:func:`budget`, :func:`conditioning`); ``rounding`` the floor's FP8 term."""
     a = actual.detach().to(torch.float64)
     g = golden.detach().to(device=a.device, dtype=torch.float64)
     y = yardstick.detach().to(device=a.device, dtype=torch.float64)
@@ -250,7 +279,7 @@ def compare(
         finite_g = g[torch.isfinite(g)]
         magnitude = float(finite_g.abs().max()) if finite_g.numel() else 0.0
     y_err, _ = _finite_max_abs_diff(y, g)
-    limit, floor = budget(name, dtype, y_err, magnitude, logit_size, values)
+    limit, floor = budget(name, dtype, y_err, magnitude, logit_size, values, rounding)
     err, where = _finite_max_abs_diff(a, g)
     reason = ""
     bad_nan = torch.isnan(a) & ~torch.isnan(g)

@@ -17,6 +17,12 @@ break:
                  spare pages, num_splits 1..beyond the key blocks
     dropout      p 0 (exactly none), small, 0.1, 0.5 and 0.9; seeds over all 64 bits (both
                  halves of the hash's seed)
+    fp8          FP8 q, k, v (dense, varlen; o bfloat16) in each declared format, with descales of
+                 each declared shape drawn per head group so that the values land near the
+                 format's largest (448 for e4m3), saturate there, fall into its subnormals, or
+                 sit 2^12 away from 1 (``contract.problem.FP8_PLACEMENTS``)
+    fp8-cache    the same for a decode cache (k_scale, v_scale per tensor or per kv head), q
+                 float16 or bfloat16
 
 :func:`undeclared_variant_problems` steps outside the declaration along one variant axis, and
 :data:`MALFORMED` lists the malformed inputs every declared entry point must refuse.
@@ -25,13 +31,15 @@ break:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 from hypothesis import assume, reject
 from hypothesis import strategies as st
 
 from ..contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from ..contract.problem import SINKS, KernelInputs, Problem
+from ..contract.fp8 import CACHE_QUERY_DTYPES, CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS, OUTPUT_DTYPE
+from ..contract.problem import FP8_PLACEMENTS, SINKS, KernelInputs, Problem
 from ..contract.variants import BY_NAME, MODIFIERS, TABLE
 from .strategies import (
     DEFAULT_SIZES,
@@ -103,6 +111,25 @@ def _modifiers(
         else:
             changes["sinks"] = draw(st.sampled_from(sorted(SINKS)))
     return p.replace(**changes)
+
+
+@st.composite
+def _fp8(draw, formats, shapes) -> tuple[str, str, str]:
+    """An FP8 problem's ``(format, shape, placement)`` among ``formats`` and ``shapes``."""
+    return (draw(st.sampled_from(sorted(formats))), draw(st.sampled_from(sorted(shapes))),
+            draw(st.sampled_from(FP8_PLACEMENTS)))
+
+
+def _fp8_dtypes(caps: Capabilities, variant: str, dtypes: tuple[torch.dtype, ...] | None
+                ) -> tuple[Capabilities, tuple[torch.dtype, ...] | None]:
+    """The declaration and dtypes a ``variant`` problem's base is drawn with: bfloat16 (o's dtype)
+    for FP8 q, k, v whatever the 16-bit dtypes declared; float16 or bfloat16 q for an FP8 cache."""
+    if variant == "fp8":
+        return replace(caps, dtypes=frozenset({OUTPUT_DTYPE})), (OUTPUT_DTYPE,)
+    if variant == "fp8-cache":
+        allowed = tuple(d for d in sorted(CACHE_QUERY_DTYPES, key=str) if dtypes is None or d in dtypes)
+        return caps, allowed
+    return caps, dtypes
 
 
 @st.composite
@@ -192,7 +219,9 @@ def variant_problems(
         entries = {"dense": True, "varlen": caps.varlen, "kvcache": caps.kvcache is not None and not backward}
         modes = BY_NAME[variant].modes
         mode = draw(st.sampled_from([m for m in modes if entries[m]] or list(modes)))
-    base: Problem = draw(candidate_problems(caps, device=device, sizes=sizes, dtypes=dtypes, causal=causal))
+    base_caps, base_dtypes = _fp8_dtypes(caps, variant, dtypes)
+    base: Problem = draw(candidate_problems(base_caps, device=device, sizes=sizes, dtypes=base_dtypes,
+                                            causal=causal))
     if mode == "varlen":
         base = draw(_varlen(caps, base, sizes))
     elif mode == "kvcache":
@@ -210,6 +239,9 @@ def variant_problems(
     p = draw(_modifiers(caps, base, required, modifiers))
     if variant == "dropout":
         p = p.replace(dropout=(draw(st.sampled_from(dropout_ps)), draw(dropout_seeds())))
+    elif variant in ("fp8", "fp8-cache"):
+        shapes = caps.fp8.descales if variant == "fp8" else caps.fp8.cache_scales
+        p = p.replace(fp8=draw(_fp8(caps.fp8.formats, shapes)))
     return checked(caps, p, derive=derive, where=where, related=related, backward=backward)
 
 
@@ -220,12 +252,22 @@ ODD_PAGE_SIZES = (2, 3, 5, 7, 12, 32, 48, 128)
 
 def variant_axes(caps: Capabilities) -> list[str]:
     """The variant axes along which a kernel declares less than everything: modifiers of every
-    entry point or of the training ones (dropout) it does not take, ALiBi shapes, sequence-length
-    granularity, modifiers without a backward and, for a decode entry point, page sizes, a
-    contiguous cache, splits and queries beyond its limits."""
+    entry point or of the training ones (dropout, FP8 inputs) it does not take, ALiBi shapes,
+    sequence-length granularity, modifiers without a backward, FP8 formats and descale shapes
+    and, for a decode entry point, page sizes, a contiguous cache, splits and queries beyond its
+    limits and an FP8 cache."""
     axes = [v.name for v in TABLE if v.entry in ("any", "training") and not caps.declares_variant(v.name)]
     kv = caps.kvcache
+    fp8 = caps.fp8
+    if fp8 is not None and (fp8.descales or fp8.cache_scales) and set(FORMATS) - fp8.formats:
+        axes.append("fp8-format")
+    if fp8 is not None and fp8.descales and set(DESCALE_SHAPES) - fp8.descales:
+        axes.append("fp8-descale-shape")
     if kv is not None:
+        if not caps.declares_variant("fp8-cache"):
+            axes.append("fp8-cache")
+        elif set(CACHE_SCALE_SHAPES) - fp8.cache_scales:
+            axes.append("fp8-cache-scale-shape")
         axes += ["splits-over", "queries-over"]
         if any(size not in kv.page_sizes for size in ODD_PAGE_SIZES):
             axes.append("page-size")
@@ -251,7 +293,9 @@ def undeclared_variant_problems(
     axis = draw(st.sampled_from(variant_axes(caps)))
     small = Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)
     p: Problem = draw(problems(caps, device=device, sizes=small))
-    if axis in ("splits-over", "queries-over", "page-size", "contiguous"):
+    if axis.startswith("fp8"):
+        p = draw(_undeclared_fp8(caps, axis, p, small))
+    elif axis in ("splits-over", "queries-over", "page-size", "contiguous"):
         kv = caps.kvcache
         p = draw(_decode(caps, kv, p, small, paged=None, splits=None))
         if axis == "splits-over":
@@ -285,6 +329,32 @@ def undeclared_variant_problems(
     if not axis.startswith("backward-"):
         assume(caps.must_raise(p))
     return p
+
+
+@st.composite
+def _undeclared_fp8(draw, caps: Capabilities, axis: str, p: Problem, sizes: Sizes) -> Problem:
+    """Declared problem ``p`` made an FP8 one outside the declaration along ``axis``: FP8 q, k, v
+    (``fp8``) or an FP8 cache (``fp8-cache``) the kernel does not take, or a format or descale
+    shape it does not list."""
+    fp8 = caps.fp8
+    formats, shapes = set(FORMATS), set(DESCALE_SHAPES)
+    cache = axis in ("fp8-cache", "fp8-cache-scale-shape") or (
+        axis == "fp8-format" and not fp8.descales)
+    if axis == "fp8-format":
+        formats -= fp8.formats
+        shapes = set(fp8.cache_scales if cache else fp8.descales)
+    elif axis == "fp8-descale-shape":
+        shapes -= fp8.descales
+    elif axis == "fp8-cache-scale-shape":
+        shapes = set(CACHE_SCALE_SHAPES) - fp8.cache_scales
+    elif cache:
+        shapes = set(CACHE_SCALE_SHAPES)
+    if cache:
+        p = draw(_decode(caps, caps.kvcache, p, sizes, paged=None, splits=None))
+        p = p.replace(dtype=draw(st.sampled_from(sorted(CACHE_QUERY_DTYPES, key=str))))
+    else:
+        p = p.replace(dtype=OUTPUT_DTYPE)
+    return p.replace(fp8=draw(_fp8(formats, shapes)))
 
 
 def _set_cu(inp: KernelInputs, which: int, values: list[int]) -> None:
@@ -393,6 +463,45 @@ def _dropout_without_seed(inp: KernelInputs) -> None:
     del inp.kwargs["dropout_seed"]
 
 
+def _scale_wrong_shape(name: str) -> Callable[[KernelInputs], None]:
+    """Descale ``name`` with its entries and one more laid out (1, 1, n + 1): no shape of the
+    contract's ((), (Hkv,), (B, Hkv)) whatever the problem's sizes."""
+
+    def corrupt(inp: KernelInputs) -> None:
+        d = inp.kwargs[name].reshape(1, 1, -1)
+        inp.kwargs[name] = torch.cat([d, d[..., :1]], dim=-1)
+
+    return corrupt
+
+
+def _scale_as(name: str, dtype: torch.dtype) -> Callable[[KernelInputs], None]:
+    """Descale ``name`` in ``dtype``: the contract's are float32."""
+
+    def corrupt(inp: KernelInputs) -> None:
+        inp.kwargs[name] = inp.kwargs[name].to(dtype)
+
+    return corrupt
+
+
+def _args_as(positions: tuple[int, ...],
+             dtype: Callable[[torch.dtype], torch.dtype]) -> Callable[[KernelInputs], None]:
+    """The positional tensors at ``positions`` converted to ``dtype(their dtype)`` (their values
+    kept), the descales left as they are."""
+
+    def corrupt(inp: KernelInputs) -> None:
+        args = list(inp.args)
+        for i in positions:
+            args[i] = args[i].float().to(dtype(args[i].dtype))
+        inp.args = tuple(args)
+
+    return corrupt
+
+
+def _other_format(dtype: torch.dtype) -> torch.dtype:
+    """The FP8 format that is not ``dtype``."""
+    return next(f for f in FORMATS.values() if f != dtype)
+
+
 #: name -> (the variant whose inputs it breaks, the corruption, applied in place).
 MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
     "cu_seqlens not monotone": ("varlen", _cu_not_monotone),
@@ -417,6 +526,13 @@ MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
     "dropout_p without a seed": ("dropout", _dropout_without_seed),
     "dropout_seed not an int": ("dropout", _dropout_set("dropout_seed", 3.0)),
     "dropout_seed negative": ("dropout", _dropout_set("dropout_seed", -1)),
+    "q_descale of the wrong shape": ("fp8", _scale_wrong_shape("q_descale")),
+    "k_descale float16": ("fp8", _scale_as("k_descale", torch.float16)),
+    "descales with bfloat16 q, k, v": ("fp8", _args_as((0, 1, 2), lambda _: torch.bfloat16)),
+    "k in the other FP8 format than q": ("fp8", _args_as((1,), _other_format)),
+    "v_scale of the wrong shape": ("fp8-cache", _scale_wrong_shape("v_scale")),
+    "k_scale float64": ("fp8-cache", _scale_as("k_scale", torch.float64)),
+    "FP8 cache with float32 queries": ("fp8-cache", _args_as((0,), lambda _: torch.float32)),
 }
 
 

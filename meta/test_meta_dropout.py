@@ -244,7 +244,7 @@ def test_the_error_contract_draws_undeclared_dropout(fn, caught):
     variant error contract: refusing them passes, answering with the reference mask is a correct
     answer, answering without dropout fails."""
     caps = Capabilities(dtypes=frozenset({torch.float32}), devices=frozenset({"cpu"}), window=True,
-                        softcap=True, alibi=ALIBI_SHAPES, sinks=True)
+                        softcap=True, alibi=ALIBI_SHAPES, sinks=True, fp8=EVERYTHING.fp8)
     assert variant_axes(caps) == ["dropout"]
     name = f"meta-dropout-{fn.__name__}"
     kernel = Kernel(name=name, fn=fn, capabilities=caps)

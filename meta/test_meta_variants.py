@@ -14,7 +14,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache
+from flashprop.contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS
 from flashprop.contract.problem import Problem
 from flashprop.contract.variants import MODIFIERS, TABLE, Variant
 from flashprop.harness.strategies import Sizes
@@ -37,6 +38,8 @@ EVERYTHING = Capabilities(
     varlen=True,
     kvcache=KVCache(page_sizes=(1, 3, 4), max_splits=4),
     dropout=True,
+    fp8=FP8(formats=frozenset(FORMATS), descales=frozenset(DESCALE_SHAPES),
+            cache_scales=frozenset(CACHE_SCALE_SHAPES)),
 )
 
 
@@ -223,5 +226,8 @@ def _without(name: str) -> dict:
     off = {"window": {"window": False}, "softcap": {"softcap": False}, "alibi": {"alibi": frozenset()},
            "sinks": {"sinks": False}, "varlen": {"varlen": False}, "kvcache": {"kvcache": None},
            "paged": {"kvcache": KVCache(page_sizes=(), max_splits=4)},
-           "splits": {"kvcache": KVCache(page_sizes=(1, 3, 4), max_splits=1)}, "dropout": {"dropout": False}}
+           "splits": {"kvcache": KVCache(page_sizes=(1, 3, 4), max_splits=1)}, "dropout": {"dropout": False},
+           "fp8": {"fp8": FP8(formats=frozenset(FORMATS), descales=frozenset(),
+                              cache_scales=frozenset(CACHE_SCALE_SHAPES))},
+           "fp8-cache": {"fp8": FP8(formats=frozenset(FORMATS), descales=frozenset(DESCALE_SHAPES))}}
     return off[name]

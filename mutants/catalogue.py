@@ -775,7 +775,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "blocked_offsets_int32",
         BLOCKED,
         "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
-        "softcap, slopes,\n                                   order, dropout)\n",
+        "softcap, slopes,\n                                   order, dropout, fp8)\n",
         "    def int32_addressed(t):  # t as read at element offsets sum(index * stride) held in int32\n"
         "        offsets = torch.zeros((), dtype=torch.int64, device=t.device)\n"
         "        for size, stride in zip(t.shape, t.stride()):\n"
@@ -787,7 +787,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "\n"
         "    q, k, v = (int32_addressed(t) for t in (q, k, v))\n"
         "    return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, "
-        "softcap, slopes,\n                                   order, dropout)\n",
+        "softcap, slopes,\n                                   order, dropout, fp8)\n",
         "offsets computed in 32 bits",
         "The dense entry point reads q, k and v at element offsets sum(index * stride) computed in "
         "32 bits: past element 2^31 of a tensor (a tensor of more than 2^31 elements, or a view "

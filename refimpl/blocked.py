@@ -44,6 +44,16 @@ keep mask (B, Hq, Nq, Nk) a call applies; a varlen sequence s uses batch element
 
 GQA: query head h reads kv head h // group; dK and dV are summed over the group.
 
+FP8 (forward only; ``docs/variants.md``): FP8 q, k, v (float8_e4m3fn or float8_e5m2) with
+``q_descale``, ``k_descale``, ``v_descale`` (any of the contract's shapes) as FlashAttention-3
+computes them: the tiles are read as their FP8 values (exact in float32), the logits are
+``S = scale * q_descale * k_descale * (Q_i K_j^T)`` (the descales of the query head's kv head,
+per batch element), P is rounded to the FP8 format for the PV product (the input dtype, as for
+every dtype: unscaled, ``exp(S - m_new) <= 1``) while l sums it unrounded, and
+``O_i = v_descale * acc / l`` is returned in bfloat16. Decode from an FP8 cache (``k_scale``,
+``v_scale``: (), (Hkv,)) with float16 or bfloat16 q reads the cache's FP8 values in float32 with
+the same descales; P is rounded to q's dtype there.
+
 Varlen: packed token-major q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv); each sequence
 ``cu_seqlens[s]:cu_seqlens[s+1]`` runs through the same tile loops on its own (its own Nq, Nk
 and c) as a batch of one, with ALiBi slopes row s when they are (B, Hq). o (Tq, Hq, Dv),
@@ -66,8 +76,19 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
-from ..contract.validate import check_decode, check_dense, check_dropout, check_variants, check_varlen
+from ..contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache
+from ..contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS, is_fp8
+from ..contract.outputs import output_dtype
+from ..contract.validate import (
+    Descales,
+    check_cache_scales,
+    check_decode,
+    check_dense,
+    check_dropout,
+    check_fp8,
+    check_variants,
+    check_varlen,
+)
 from .dropout import Dropout, dropout_of
 from .dropout import dropout_mask as _keep_mask
 from .golden import default_scale
@@ -131,6 +152,8 @@ class Variants:
         sinks: sink logits (Hq,), or ``None``.
         order: the order the tile loops sum in.
         dropout: the call's dropout, or ``None`` (p = 0: none).
+        descale: FP8's ``(scale factor, v_descale)`` per batch element and query head (B, Hq):
+            ``q_descale * k_descale`` (k's alone in decode) and V's, or ``None`` (no FP8).
     """
 
     window: Window
@@ -139,6 +162,7 @@ class Variants:
     sinks: torch.Tensor | None
     order: Order = NATURAL
     dropout: Dropout | None = None
+    descale: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -197,6 +221,8 @@ def _scores(
     (-inf beyond the key tail, above the causal diagonal, outside the window). Also returns the
     softcap's derivative ``1 - tanh^2`` for the backward (``None`` without a softcap)."""
     s = scale * var.order.dot(qi, kj)
+    if var.descale is not None:  # FP8: the logits of the values q8 * q_descale, k8 * k_descale
+        s = s * var.descale[0][:, h, None, None]
     dcap = None
     if var.softcap:
         t = torch.tanh(s / var.softcap)
@@ -246,7 +272,7 @@ def _forward(
     acc_t = _acc_dtype(q.dtype)
     offset = causal_offset(nq, nk)
     keys = (0, nk) if keys is None else keys
-    o = torch.empty((b, hq, nq, dv), dtype=out_dtype or q.dtype, device=q.device)
+    o = torch.empty((b, hq, nq, dv), dtype=out_dtype or output_dtype(q.dtype), device=q.device)
     lse = torch.empty((b, hq, nq), dtype=acc_t, device=q.device)
     for h in range(hq):
         kh, vh = k[:, _kv_head(h, group)], v[:, _kv_head(h, group)]
@@ -277,7 +303,10 @@ def _forward(
                 m = m_new
             empty = l == 0
             l_safe = torch.where(empty, 1.0, l)
-            o[:, h, q0:q1] = torch.where(empty[..., None], 0.0, acc / l_safe[..., None]).to(o.dtype)
+            out = acc / l_safe[..., None]
+            if var.descale is not None:  # FP8: V's descale, on the normalised output
+                out = out * var.descale[1][:, h, None, None]
+            o[:, h, q0:q1] = torch.where(empty[..., None], 0.0, out).to(o.dtype)
             lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m + torch.log(l_safe))
     return o, lse
 
@@ -341,8 +370,8 @@ def _backward(
 class _BlockedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes, order,
-                dropout):
-        var = Variants(window, softcap, slopes, sinks, order, dropout)
+                dropout, descale):
+        var = Variants(window, softcap, slopes, sinks, order, dropout, descale)
         o, lse = _forward(q, k, v, causal, scale, block_m, block_n, var)
         ctx.save_for_backward(q, k, v, o, lse, slopes, sinks)
         ctx.args = (causal, scale, block_m, block_n, window, softcap, order, dropout)
@@ -356,7 +385,7 @@ class _BlockedAttention(torch.autograd.Function):
         causal, scale, block_m, block_n, window, softcap, order, dropout = ctx.args
         var = Variants(window, softcap, slopes, sinks, order, dropout)
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n, var)
-        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None, None, None
 
 
 def _split_kv(
@@ -392,12 +421,18 @@ def _settings(
     scale: float | None,
     block_m: int | None,
     block_n: int | None,
+    cache: bool = False,
 ) -> tuple[float, int, int]:
-    """Checks every entry point makes (dtypes, devices, tile sizes); the scale and tiles to use."""
-    if not (q.dtype == k.dtype == v.dtype):
+    """Checks every entry point makes (dtypes, devices, tile sizes); the scale and tiles to use.
+    ``cache``: the decode entry point, whose FP8 cache goes with 16-bit q."""
+    fp8_cache = cache and is_fp8(k) and not is_fp8(q)
+    if not (q.dtype == k.dtype == v.dtype) and not (fp8_cache and k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in attention.capabilities.dtypes:
-        raise TypeError(f"dtype {q.dtype} is not supported")
+    caps = attention.capabilities
+    formats = {FORMATS[name] for name in caps.fp8.formats}
+    for name, t in (("q", q), ("the cache" if cache else "k, v", k)):
+        if t.dtype not in caps.dtypes and t.dtype not in formats:
+            raise TypeError(f"dtype {t.dtype} of {name} is not supported")
     if not (q.device == k.device == v.device):
         raise ValueError("q, k, v are on different devices")
     block_m = 64 if block_m is None else block_m
@@ -428,6 +463,24 @@ def _variants(
     )
     slopes = None if var.alibi_slopes is None else var.alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
     return var.window or (-1, -1), var.softcap, slopes, dropout_of(var.dropout_p, var.dropout_seed)
+
+
+def _fp8(descales: Descales | None, hq: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Checked FP8 descales (B, Hkv) as the tile loops read them (:attr:`Variants.descale`): the
+    logits' factor ``q_descale * k_descale`` (k's alone for an FP8 cache) and ``v_descale``, per
+    batch element and query head (B, Hq); ``None`` without FP8."""
+    if descales is None:
+        return None
+    group = hq // descales.k.shape[1]
+    q = 1.0 if descales.q is None else descales.q
+    qk, v = q * descales.k, descales.v
+    return qk.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def _forward_only(what: str, tensors: tuple) -> None:
+    """``NotImplementedError`` when autograd would need gradients of ``tensors`` (``what``)."""
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
+        raise NotImplementedError(f"{what} is forward only: call it on inputs that do not require grad")
 
 
 def _sequences(
@@ -478,19 +531,29 @@ def attention(
     sinks: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_seed: int | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
     order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocked FlashAttention-2 ``(o, lse)`` with bottom-right causal alignment; any tile sizes.
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); o (B, Hq, Nq, Dv), lse (B, Hq, Nq).
-    Differentiable in q, k, v and ``sinks``. ``order``: the tile loops' summation order (:class:`Order`)."""
+    Differentiable in q, k, v and ``sinks``. ``order``: the tile loops' summation order (:class:`Order`).
+    FP8 q, k, v with their descales: forward only, o in bfloat16."""
     check_dense(q, k, v)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = q.shape[:2]
     window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
                                                  dropout_p, dropout_seed)
+    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, shapes=attention.capabilities.fp8.descales)
+    fp8 = _fp8(descales, hq)
+    if fp8 is not None:
+        _forward_only("attention on FP8 inputs", (q, k, v, sinks))
+        if dropout is not None:
+            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
     return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes,
-                                   order, dropout)
+                                   order, dropout, fp8)
 
 
 def varlen(
@@ -512,21 +575,32 @@ def varlen(
     sinks: torch.Tensor | None = None,
     dropout_p: float = 0.0,
     dropout_seed: int | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
     order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Packed sequences (``flash_attn_varlen_func``): q (Tq, Hq, D), k (Tk, Hkv, D),
     v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``;
-    ``order`` as :func:`attention`'s. Sequence s drops as batch element s of a dense call."""
+    ``order`` as :func:`attention`'s. Sequence s drops as batch element s of a dense call, and
+    reads row s of (B, Hkv) FP8 descales."""
     seqs = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
     b, hq = len(seqs), q.shape[1]
     window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
                                                  dropout_p, dropout_seed)
+    fp8 = _fp8(check_fp8(q, k, v, q_descale, k_descale, v_descale, batch=b,
+                         shapes=attention.capabilities.fp8.descales), hq)
+    if fp8 is not None:
+        _forward_only("varlen on FP8 inputs", (q, k, v, sinks))
+        if dropout is not None:
+            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
     outs, lses = [], []
     for s, (sq, sk) in enumerate(seqs):
         slopes_s = None if slopes is None else slopes[s : s + 1]  # (B, Hq) slopes: row s
         dropout_s = None if dropout is None else replace(dropout, batch=s)  # the hash's batch index: s
-        args = (causal, scale, block_m, block_n, window, softcap, slopes_s, order, dropout_s)
+        fp8_s = None if fp8 is None else (fp8[0][s : s + 1], fp8[1][s : s + 1])
+        args = (causal, scale, block_m, block_n, window, softcap, slopes_s, order, dropout_s, fp8_s)
         o, lse = _BlockedAttention.apply(_bhnd(q[sq]), _bhnd(k[sk]), _bhnd(v[sk]), sinks, *args)
         outs.append(o[0].transpose(0, 1))
         lses.append(lse[0])
@@ -549,19 +623,22 @@ def kvcache(
     softcap: float = 0.0,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
     order: Order = NATURAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """KV-cache decode (``flash_attn_with_kvcache``), forward only: q (B, Nq, Hq, D), cache
     (B, Ncache, Hkv, D) or paged (num_pages, page_size, Hkv, D) with ``block_table``
     (B, max_pages) -> o (B, Nq, Hq, Dv), lse (B, Hq, Nq). ``num_splits``: split-KV runs
-    (0: the kernel chooses, and it chooses 1); ``order`` as :func:`attention`'s."""
-    inputs = (q, k_cache, v_cache, alibi_slopes, sinks)
-    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs):
-        raise NotImplementedError("kvcache is forward only: call it on inputs that do not require grad")
+    (0: the kernel chooses, and it chooses 1); ``order`` as :func:`attention`'s. An FP8 cache
+    takes ``k_scale``, ``v_scale`` of shape () or (Hkv,) (float16 or bfloat16 q)."""
+    _forward_only("kvcache", (q, k_cache, v_cache, alibi_slopes, sinks))
     lengths = _cache_lengths(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
-    scale, block_m, block_n = _settings(q, k_cache, v_cache, scale, block_m, block_n)
+    scale, block_m, block_n = _settings(q, k_cache, v_cache, scale, block_m, block_n, cache=True)
     b, nq, hq, _ = q.shape
     window, softcap, slopes, _ = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    fp8 = _fp8(check_cache_scales(q, k_cache, v_cache, k_scale, v_scale,
+                                  shapes=attention.capabilities.fp8.cache_scales), hq)
     o = torch.empty((b, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=_acc_dtype(q.dtype), device=q.device)
     for i, length in enumerate(lengths):
@@ -571,7 +648,9 @@ def kvcache(
         else:
             page, slot = block_table[i, pos // k_cache.shape[1]].long(), pos % k_cache.shape[1]
             k_seq, v_seq = k_cache[page, slot], v_cache[page, slot]
-        var = Variants(window, softcap, None if slopes is None else slopes[i : i + 1], sinks, order)
+        fp8_i = None if fp8 is None else (fp8[0][i : i + 1], fp8[1][i : i + 1])
+        slopes_i = None if slopes is None else slopes[i : i + 1]
+        var = Variants(window, softcap, slopes_i, sinks, order, None, fp8_i)
         o_i, lse_i = _split_kv(
             _bhnd(q[i]), _bhnd(k_seq), _bhnd(v_seq), causal, scale, block_m, block_n, var, num_splits or 1
         )
@@ -606,4 +685,6 @@ attention.capabilities = Capabilities(
     varlen=True,
     kvcache=KVCache(page_sizes=PAGE_SIZES, max_splits=MAX_SPLITS, max_queries=MAX_DECODE_QUERIES),
     dropout=True,
+    fp8=FP8(formats=frozenset(FORMATS), descales=frozenset(DESCALE_SHAPES),
+            cache_scales=frozenset(CACHE_SCALE_SHAPES)),
 )

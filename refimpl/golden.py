@@ -27,6 +27,11 @@ the undropped softmax's; the backward then has ``dV = (P * Z)^T dO`` and
 ``dS = P * (Z * dP - Delta)`` (``Delta = rowsum(dO * O)`` of the dropped O, which equals
 ``rowsum(P * Z * dP)``).
 
+FP8 inputs (``contract/fp8.py``: ``q_descale``, ``k_descale``, ``v_descale``, any of them FP8) are
+the values they stand for, ``x8 * descale`` per head group, in float64: exactly. What a kernel
+may round below that (its probabilities, to the values' FP8 format) is bounded by
+:func:`attention_rounding_bound`.
+
 With ``bounds=True`` the backward also returns the same sums taken over absolute values
 (``|dO|``, ``|V|``, ``|Q|``, ``|K|``, ``|P (dP - Delta)| <= P (|dO||V|^T + |dO|.|O|)``): the
 magnitude that rounding errors scale with, even where the gradient itself cancels to ~0.
@@ -38,6 +43,7 @@ import math
 
 import torch
 
+from ..contract.fp8 import dequantise, is_fp8, unit_roundoff
 from ..contract.validate import check_dense
 from .dropout import dropout_weights
 from .masks import mask_mod, score_mod
@@ -53,6 +59,19 @@ def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
 def default_scale(d: int, scale: float | None) -> float:
     """The softmax scale: ``1/sqrt(D)`` unless given."""
     return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def dequantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor | None,
+                k_descale: torch.Tensor | None, v_descale: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Dense ``q, k, v`` as float64 values when any is FP8 or has a descale (``x8 * descale`` per
+    head group, :func:`contract.fp8.dequantise`); as they are otherwise."""
+    descales = (q_descale, k_descale, v_descale)
+    if not any(is_fp8(t) for t in (q, k, v)) and all(d is None for d in descales):
+        return q, k, v
+    hkv = k.shape[1]
+    q, k, v = (dequantise(t, d, hkv) for t, d in zip((q, k, v), descales, strict=True))
+    return q, k, v
 
 
 def _variant_mods(nq, nk, causal, alignment, window_size, softcap, alibi_slopes):
@@ -88,8 +107,13 @@ def attention_golden(
     dropout_p: float = 0.0,
     dropout_seed: int | None = None,
     dropout_mask: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks."""
+    """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks. FP8
+    inputs are dequantised with their descales (:func:`dequantised`)."""
+    q, k, v = dequantised(q, k, v, q_descale, k_descale, v_descale)
     _, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
     mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
@@ -98,6 +122,64 @@ def attention_golden(
     for _, vc, s, _, z in _key_chunks(q.to(torch.float64), k, v, group, scale, mods, chunk, weights=weights):
         state = state.merge(SoftmaxState.from_scores(s, vc, z))
     return state.finalize()
+
+
+@torch.no_grad()
+def attention_rounding_bound(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    alignment: str = "bottom-right",
+    chunk: int = DEFAULT_CHUNK,
+    window_size: tuple[int, int] | None = None,
+    softcap: float = 0.0,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most rounding the probabilities to FP8 may move o (``docs/variants.md``), in o's place
+    (B, Hq, Nq, Dv), float64, with the golden's lse after it (the layouts lift it as the golden).
+
+    The contract lets a kernel with FP8 q, k, v round each probability it multiplies V by,
+    ``x_ij = exp(s_ij - m)`` with m its running max (so ``x <= 1``), possibly times a power of
+    two that keeps it finite, to nearest in V's format, while ``l`` sums the unrounded ones
+    (FlashAttention-3's P). Rounding to nearest errs by at most ``u * max(x, t)`` (u the format's
+    unit roundoff, t its smallest normal: half the subnormal spacing is ``u * t``), and scaled
+    back by ``exp(m - m_i) / l_i`` (m_i the row's largest logit, the sink's included, l_i the
+    row's sum) that is at most ``u * max(e_ij, t) / l_i`` with ``e_ij = exp(s_ij - m_i)``. So
+
+        |o_kernel - o|_bhid  <=  u / l_i * sum_j max(e_ij, t) |v_jd|      (keys j that i sees)
+
+    Zero unless q and v are FP8 (decode reads its FP8 cache in q's 16-bit dtype: no FP8 rounding
+    of P). Streams over key chunks, twice (m_i and l_i first)."""
+    fmt = v.dtype if is_fp8(q) and is_fp8(v) else None
+    q, k, v = dequantised(q, k, v, q_descale, k_descale, v_descale)
+    _, group = check_dense(q, k, v)
+    q64 = q.to(torch.float64)
+    scale = default_scale(q.shape[-1], scale)
+    mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
+    start = _initial_state(q64, v.shape[-1], sinks)
+    m = start.m
+    for _, _, s, _, _ in _key_chunks(q64, k, v, group, scale, mods, chunk):
+        m = torch.maximum(m, s.amax(-1)) if s.shape[-1] else m
+    m_safe = torch.where(m == NEG_INF, 0.0, m)
+    l = start.l * torch.exp(torch.where(start.m == NEG_INF, NEG_INF, start.m - m_safe))  # noqa: E741
+    bound = torch.zeros((*q.shape[:3], v.shape[-1]), dtype=torch.float64, device=q.device)
+    tiny = 0.0 if fmt is None else torch.finfo(fmt).smallest_normal
+    for _, abs_v, s, _, _ in _key_chunks(q64, k, v.abs(), group, scale, mods, chunk):
+        e = torch.exp(s - m_safe[..., None])
+        l = l + e.sum(-1)  # noqa: E741
+        if fmt is not None:
+            bound += torch.where(s == NEG_INF, 0.0, torch.clamp(e, min=tiny)) @ abs_v
+    l_safe = torch.where(l == 0, 1.0, l)
+    if fmt is not None:
+        bound = unit_roundoff(fmt) * bound / l_safe[..., None]
+    return bound, torch.where(l == 0, NEG_INF, m_safe + torch.log(l_safe))
 
 
 def _key_chunks(q64, k, v, group, scale, mods, chunk, grad=False, weights=None):

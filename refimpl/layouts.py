@@ -12,6 +12,8 @@ convention with Nk = cache_seqlens[b]). o (B, Nq, Hq, Dv), lse (B, Hq, Nq).
 
 ``alibi_slopes`` of shape (B, Hq) give each sequence its row; ``(Hq,)`` slopes and ``sinks`` are
 shared; dropout gives varlen sequence s the keep mask of batch element s (:mod:`refimpl.dropout`).
+FP8 descales of shape (B, Hkv) give sequence s row s (``()`` and ``(Hkv,)`` are shared); an FP8
+cache's ``k_scale``, ``v_scale`` are the descales of the gathered keys and values.
 Any dense reference ``fn(q, k, v, **kw)`` with (B, H, N, D) tensors can be lifted.
 """
 
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from .dropout import sequence_dropout
-from .golden import attention_golden, attention_golden_backward
+from .golden import attention_golden, attention_golden_backward, attention_rounding_bound
 from .yardstick import attention_yardstick
 
 Dense = Callable[..., tuple[torch.Tensor, ...]]
@@ -40,12 +42,19 @@ def _bhnd(t: torch.Tensor) -> torch.Tensor:
     return t.transpose(0, 1)[None]
 
 
+#: The keywords whose (B, ...) form gives each sequence (batch element) its own row.
+PER_SEQUENCE = ("alibi_slopes", "q_descale", "k_descale", "v_descale")
+
+
 def sequence_kwargs(kw: dict, s: int) -> dict:
-    """The variant keywords of sequence (or batch element) ``s`` alone: its row of (B, Hq) slopes."""
-    slopes = kw.get("alibi_slopes")
-    if slopes is not None and slopes.dim() == 2:
-        return {**kw, "alibi_slopes": slopes[s]}
-    return dict(kw)
+    """The variant keywords of sequence (or batch element) ``s`` alone: its row of (B, Hq) slopes
+    and of (B, Hkv) descales."""
+    out = dict(kw)
+    for name in PER_SEQUENCE:
+        t = kw.get(name)
+        if t is not None and t.dim() == 2:
+            out[name] = t[s]
+    return out
 
 
 def varlen_apply(fn: Dense, q, k, v, cu_seqlens_q, cu_seqlens_k, **kw) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +78,11 @@ def varlen_golden(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_se
 def varlen_yardstick(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, **kw):
     """Varlen ``(o, lse)`` in the input dtype (differentiable): the yardstick per sequence."""
     return varlen_apply(attention_yardstick, q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
+
+
+def varlen_rounding_bound(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, **kw):
+    """Packed :func:`refimpl.golden.attention_rounding_bound` per sequence: (Tq, Hq, Dv), lse."""
+    return varlen_apply(attention_rounding_bound, q, k, v, cu_seqlens_q, cu_seqlens_k, **kw)
 
 
 def varlen_golden_backward(
@@ -114,7 +128,12 @@ def kvcache_apply(
     fn: Dense, q, k_cache, v_cache, *, cache_seqlens, block_table=None, num_splits=None, **kw
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dense ``fn`` -> decode ``(o, lse)``: o (B, Nq, Hq, Dv), lse (B, Hq, Nq). ``num_splits`` is
-    how a kernel schedules the work, not what it computes: the references ignore it."""
+    how a kernel schedules the work, not what it computes: the references ignore it. An FP8
+    cache's ``k_scale``, ``v_scale`` reach ``fn`` as ``k_descale``, ``v_descale``."""
+    for name in ("k", "v"):
+        if kw.get(f"{name}_scale") is not None:
+            kw[f"{name}_descale"] = kw.pop(f"{name}_scale")
+        kw.pop(f"{name}_scale", None)
     ks, vs = (
         gather_cache(k_cache, cache_seqlens, block_table),
         gather_cache(v_cache, cache_seqlens, block_table),

@@ -13,7 +13,7 @@ is about 0 there and only the floor (:mod:`harness.tolerance`) separates a corre
 from a wrong one. A kernel that sums in another order has errors of the golden's own size
 against it: this one must pass, and a floor too tight for it fails.
 
-It declares float64 only (its purpose; fp16, bf16 and float32 problems are refused with a
+It declares float64 only (its purpose; fp16, bf16, float32 and FP8 problems are refused with a
 TypeError): in the other dtypes the yardstick rounds in the input dtype and order differences are
 what ``r`` already measures, on ``ref-blocked``, ``sdpa-math`` and ``triton``.
 """
@@ -62,4 +62,4 @@ def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, **kwa
 attention.varlen = varlen
 attention.kvcache = kvcache
 attention.dropout_mask = blocked.dropout_mask  # the same mask: the order changes only the rounding
-attention.capabilities = replace(blocked.attention.capabilities, dtypes=DTYPES)
+attention.capabilities = replace(blocked.attention.capabilities, dtypes=DTYPES, fp8=None)  # float64 only

@@ -7,12 +7,23 @@ kernel's error against the golden in units of the yardstick's error. It material
 through it, in the input dtype. Variants are applied with the golden's mods
 (:mod:`refimpl.masks`); sinks are one more logit column with no value; dropout multiplies the
 normalised probabilities by ``M / (1 - p)`` (:mod:`refimpl.dropout`).
+
+FP8 (``docs/variants.md``) is computed as an FP8 kernel computes it, plainly:
+
+- FP8 q, k, v (FlashAttention-3): ``S = (q8 k8^T) * (scale * q_descale * k_descale)`` in float32
+  (the products of FP8 values are exact there), the softmax in float32, and the probabilities
+  ``P = exp(S - m)`` (m the row's largest logit, so P <= 1) rounded to nearest in V's FP8 format,
+  unscaled, for the PV product, while ``l`` sums them unrounded:
+  ``o = (fp8(P) v8) * v_descale / l``, returned in bfloat16;
+- an FP8 KV cache with 16-bit q (FlashInfer): the cache upcast to q's dtype (exact), k's scale
+  folded into the softmax scale and v's applied to o, the rest the plain 16-bit computation.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..contract.fp8 import OUTPUT_DTYPE, is_fp8, per_query_head
 from ..contract.validate import check_dense
 from .dropout import dropout_weights
 from .golden import default_scale, expand_kv
@@ -34,13 +45,30 @@ def attention_yardstick(
     dropout_p: float = 0.0,
     dropout_seed: int | None = None,
     dropout_mask: torch.Tensor | None = None,
+    q_descale: torch.Tensor | None = None,
+    k_descale: torch.Tensor | None = None,
+    v_descale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(o, lse)`` in the input dtype; differentiable. Empty rows give o = 0, lse = -inf (or the
-    sink logit)."""
-    _, group = check_dense(q, k, v)
+    """``(o, lse)`` in the input dtype (FP8: as the module docstring says); differentiable.
+    Empty rows give o = 0, lse = -inf (or the sink logit)."""
     scale = default_scale(q.shape[-1], scale)
+    fp8_q, v_format = is_fp8(q), v.dtype
+    b, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
+    v_scale = None
+    if fp8_q or is_fp8(k):
+        compute = torch.float32 if fp8_q else q.dtype
+
+        def descale(d: torch.Tensor | None) -> torch.Tensor:
+            d = torch.ones((), dtype=torch.float32, device=q.device) if d is None else d
+            return per_query_head(d, b, hq, hkv, torch.float32).to(q.device)
+
+        qk = descale(k_descale) * (descale(q_descale) if fp8_q else 1.0)
+        scale = (scale * qk).to(compute)
+        v_scale = descale(v_descale).to(compute)
+        q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    _, group = check_dense(q, k, v)
     k, v = expand_kv(k, group), expand_kv(v, group)
-    s = (q * scale) @ k.transpose(-1, -2)
+    s = (q @ k.transpose(-1, -2)) * scale if fp8_q else (q * scale) @ k.transpose(-1, -2)
     nq, nk = q.shape[2], k.shape[2]
     dev = q.device
     idx = (
@@ -60,12 +88,30 @@ def attention_yardstick(
         z = sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:3], 1)
         s = torch.cat([s, z], dim=-1)
     lse = torch.logsumexp(s, dim=-1)
+    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
+    if fp8_q:
+        if weights is not None:
+            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
+        return _fp8_probabilities_times_values(s, v, v_format, v_scale, nk), lse
     p = torch.softmax(s, dim=-1)
     if sinks is not None:
         p = p[..., :nk]
     elif mask is not None:
         p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
-    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
     if weights is not None:
         p = p * weights(*idx).to(p.dtype)
-    return p @ v, lse
+    o = p @ v
+    return (o if v_scale is None else o * v_scale), lse
+
+
+def _fp8_probabilities_times_values(s: torch.Tensor, v: torch.Tensor, fmt: torch.dtype,
+                                    v_scale: torch.Tensor, nk: int) -> torch.Tensor:
+    """FlashAttention-3's PV product of float32 logits ``s`` (..., Nq, Nk [+ the sink column]):
+    ``P = exp(s - m)`` rounded to nearest in ``fmt`` (V's format), ``l`` summed unrounded,
+    ``o = (fp8(P) v) * v_scale / l`` in bfloat16 (0 on rows that see no key)."""
+    m = s.amax(-1, keepdim=True) if s.shape[-1] else s.new_full((*s.shape[:-1], 1), float("-inf"))
+    e = torch.exp(s - torch.where(m == float("-inf"), 0.0, m))
+    l = e.sum(-1, keepdim=True)  # noqa: E741
+    p = e[..., :nk].to(fmt).to(s.dtype)
+    o = torch.where(l == 0, 0.0, (p @ v) * v_scale / torch.where(l == 0, 1.0, l))
+    return o.to(OUTPUT_DTYPE)
