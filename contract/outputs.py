@@ -11,7 +11,8 @@ FP8 cache o is in q's dtype, float16 or bfloat16). lse is float32 for FP8, 16-bi
 inputs, float64 for float64 ones: the precision the softmax is accumulated in. An lse in a
 16-bit dtype is rounded to about 1e-3 relative, which a backward's ``P = exp(S - lse)`` and a
 split-KV combine's weights ``exp(lse_s - lse)`` turn into errors of the same size, so its dtype
-is part of the contract, as its shape is (FlashAttention's ``softmax_lse`` is float32, (B, Hq, Nq), or (Hq, Tq) packed).
+is part of the contract, as its shape is (FlashAttention's ``softmax_lse`` is float32,
+(B, Hq, Nq), or (Hq, Tq) packed).
 """
 
 from __future__ import annotations

@@ -50,9 +50,9 @@ Variants (``docs/variants.md``), each off by default (a dense problem):
 
 The values of q, k, v and dO do not depend on the variant fields but fp8, which quantises them (a
 decode problem draws the values of the dense problem with the same B, Nq, Nk and lays them out
-differently; varlen draws those of one sequence of length Tq, Tk and cuts it). :meth:`Problem.kernel_inputs` gives the
-arguments of the problem's entry point, :meth:`Problem.logical` the dense (B, H, N, D) tensors
-behind them.
+differently; varlen draws those of one sequence of length Tq, Tk and cuts it).
+:meth:`Problem.kernel_inputs` gives the arguments of the problem's entry point,
+:meth:`Problem.logical` the dense (B, H, N, D) tensors behind them.
 """
 
 from __future__ import annotations

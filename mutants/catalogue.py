@@ -504,6 +504,111 @@ MUTANTS: tuple[Mutant, ...] = (
         "renormalised over the kept keys and lse is that of the kept logits, not the undropped "
         "softmax's: dropout of the unnormalised scores, as a mask added to the logits.",
     ),
+    # -------------------------------------------------------------- blocked FP8 (refimpl/blocked.py)
+    Mutant(
+        "blocked_fp8_v_descale_twice",
+        BLOCKED,
+        "                vj = vh[:, k0 : k0 + block_n].to(acc_t)\n",
+        "                vj = vh[:, k0 : k0 + block_n].to(acc_t)\n"
+        "                if var.descale is not None:  # V dequantised as it is loaded, and in the epilogue\n"
+        "                    vj = vj * var.descale[1][:, h, None, None]\n",
+        "FP8 descale applied twice",
+        "V's tiles are dequantised as they are loaded (v8 * v_descale) and the epilogue multiplies "
+        "the output by v_descale as well, so o carries v_descale squared: right only at a descale of "
+        "1, which tests that quantise without scaling have. The fold of FlashAttention-3 (v_descale "
+        "once, on the normalised output) half-ported onto a kernel that dequantises on load "
+        "(ROCm/aiter#2267 moved the descales into the kernel's existing ops for this reason).",
+    ),
+    Mutant(
+        "blocked_fp8_q_descale_ignored",
+        BLOCKED,
+        "    q = 1.0 if descales.q is None else descales.q\n",
+        "    q = 1.0  # q_descale never reaches the kernel: its default, 1\n",
+        "FP8 descale not applied",
+        "q_descale is checked but never reaches the tile loops, which take FA3's default of 1: the "
+        "logits are those of q's FP8 values, off by the factor q_descale. "
+        "sgl-project/sglang#20705 (FP8 scales silently falling back to 1.0 on some backends), "
+        "NVIDIA/TensorRT-LLM#1921 (q converted to FP8 with a scale of 1.0).",
+    ),
+    Mutant(
+        "blocked_fp8_cache_scales_ignored",
+        BLOCKED,
+        "    fp8 = _fp8(check_cache_scales(q, k_cache, v_cache, k_scale, v_scale,\n"
+        "                                  shapes=attention.capabilities.fp8.cache_scales), hq)\n",
+        "    check_cache_scales(q, k_cache, v_cache, k_scale, v_scale,\n"
+        "                       shapes=attention.capabilities.fp8.cache_scales)\n"
+        "    fp8 = None  # the scales checked, then dropped: the cache read as its FP8 values\n",
+        "FP8 descale not applied",
+        "Decode checks the FP8 cache's k_scale and v_scale and then reads the cache as its raw FP8 "
+        "values, as if both were 1. flashinfer-ai/flashinfer#4979 (BatchPrefillWithRaggedKVCacheWrapper "
+        "ignores k_scale / v_scale for an fp8 KV cache), lightseekorg/tokenspeed#759 review (an FA4 "
+        "FP8 path passing the unadjusted softmax scale and never applying v_scale).",
+    ),
+    Mutant(
+        "blocked_fp8_descale_per_tensor",
+        BLOCKED,
+        "    qk, v = q * descales.k, descales.v\n",
+        "    qk, v = q * descales.k, descales.v\n"
+        "    qk, v = (t.reshape(-1)[:1].expand(t.shape) for t in (qk, v))  # the first group's for all\n",
+        "FP8 per-tensor descale where per-head is declared",
+        "The descales are read through a scalar pointer: every batch element and kv head gets the "
+        "first one's, right for per-tensor descales and wrong for the (Hkv,) and (B, Hkv) ones the "
+        "kernel declares (dense, varlen and the decode cache alike). sgl-project/sgl-kernel-xpu#252 "
+        "review (scale_v read as a single scalar while the API passes per-(batch, kv_head) scales).",
+    ),
+    Mutant(
+        "blocked_fp8_lse_unfolded",
+        BLOCKED,
+        "lse[:, h, q0:q1] = torch.where(empty, NEG_INF, m + torch.log(l_safe))",
+        "lse[:, h, q0:q1] = torch.where(\n"
+        "                empty, NEG_INF,\n"
+        "                (m if var.descale is None else m / var.descale[0][:, h, None]) + torch.log(l_safe))",
+        "softmax scale folded into the descale wrongly",
+        "The softmax scale and the q and k descales are folded into one factor for the exponent, "
+        "but the lse is written from the running max with the softmax scale alone (m * scale "
+        "instead of m * scale * q_descale * k_descale, in the exp2 kernels' raw-score units): o is "
+        "right, the lse (and a backward or split-KV combine built on it) is not. The fold of "
+        "NVIDIA/cudnn-frontend#520 (scale_softmax_log2 = scale * descale_q * descale_k * log2(e), "
+        "with a scale dropped from where it belongs).",
+    ),
+    Mutant(
+        "blocked_fp8_p_cast_at_v_descale",
+        BLOCKED,
+        "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n",
+        "                vd = 1.0 if var.descale is None else var.descale[1][:, h, None, None]\n"
+        "                acc = alpha[..., None] * acc + (p * vd).to(q.dtype).to(acc_t) / vd @ vj\n",
+        "P quantised to FP8 with the wrong scale",
+        "V's descale is folded into P before P's FP8 cast (to spare the epilogue's multiply), so the "
+        "cast rounds P * v_descale: with the descales of values quantised to the format's range "
+        "(about max|v| / 448, far below 1) P lands in e4m3's subnormals and keeps a bit or two. "
+        "flashinfer-ai/flashinfer#5020 (P cast to e4m3 at a scale where its mass falls into the "
+        "subnormals), iree-org/iree-turbine#679 (P's FP8 scaling made a no-op).",
+    ),
+    Mutant(
+        "blocked_fp8_p_prescale_saturates",
+        BLOCKED,
+        "                acc = alpha[..., None] * acc + p.to(q.dtype).to(acc_t) @ vj\n",
+        "                acc = alpha[..., None] * acc + (p * 2.0**9).to(q.dtype).to(acc_t) * 2.0**-9 @ vj\n",
+        "FP8 saturation instead of rounding",
+        "P is prescaled by 2^9 before its FP8 cast to use the format's range: one more than "
+        "floor(log2 448) = 8, so e4m3's saturating cast clamps every P above 448 / 512 = 0.875 (the "
+        "row's largest, P = 1, among them) to 448 instead of rounding it; exact in every other dtype. "
+        "flashinfer-ai/flashinfer#5020 (P prescaled by 2^floor(log2(448)) before the e4m3 cast), "
+        "NVIDIA/cudnn-frontend#520 (P quantised with cvt.rn.satfinite).",
+    ),
+    Mutant(
+        "blocked_fp8_e5m2_read_as_e4m3",
+        BLOCKED,
+        "    check_dense(q, k, v)\n",
+        "    check_dense(q, k, v)\n"
+        "    if q.dtype == torch.float8_e5m2:  # an e4m3 kernel handed e5m2 bytes\n"
+        "        q, k, v = (t.view(torch.float8_e4m3fn) for t in (q, k, v))\n",
+        "e5m2 and e4m3 confused",
+        "The dense entry point reads e5m2 inputs' bytes as e4m3 (a launcher that passes data "
+        "pointers to a kernel built for one format): every value is another. vllm-project/vllm#54341 "
+        "(e4m3 bits in an fp8_e5m2 cache decoded as e5m2), vllm-project/vllm#45720 (e4m3fnuz cache "
+        "bytes reinterpreted as e4m3fn).",
+    ),
     # ------------------------------------- blocked intermediate precision (refimpl/blocked.py)
     Mutant(
         "blocked_softcap_low_precision",
