@@ -115,3 +115,14 @@ def dequantised(mode: str, args: tuple, kwargs: dict,
         per_token = rows.repeat_interleave(lengths, dim=0).repeat_interleave(t.shape[1] // hkv, dim=1)
         out.append(t.to(dtype) * per_token[..., None])
     return out[0], out[1], out[2]
+
+
+#: The keywords that carry descales: the dense and varlen entry points' and an FP8 cache's.
+DESCALE_KEYWORDS = ("q_descale", "k_descale", "v_descale", "k_scale", "v_scale")
+
+
+def dequantised_call(mode: str, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A ``mode`` call's arguments with its FP8 q, k, v replaced by the float64 values they stand
+    for (:func:`dequantised`) and the descale keywords dropped: the same attention, unquantised."""
+    q, k, v = dequantised(mode, args, kwargs)
+    return (q, k, v, *args[3:]), {n: t for n, t in kwargs.items() if n not in DESCALE_KEYWORDS}

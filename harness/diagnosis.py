@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.fp8 import dequantised_call
 from ..contract.problem import KernelInputs, Problem
 from ..refimpl import attention_golden, attention_yardstick
 from ..refimpl.layouts import kvcache_apply, varlen_apply
@@ -373,6 +374,8 @@ def diagnose(p: Problem, alignment: str, o: torch.Tensor, lse: torch.Tensor | No
     budgets for o and lse, ``golden`` its o and lse): the neighbouring conventions it matches
     (problems of at most :data:`NEIGHBOUR_WORK`), else the row patterns."""
     inputs = p.kernel_inputs()
+    if p.fp8 is not None:  # the neighbours (rolled heads, GQA maps) move values with their descales
+        inputs = KernelInputs(*dequantised_call(p.mode, inputs.args, inputs.kwargs), {})
     found = []
     small = work(p) <= NEIGHBOUR_WORK.get(p.device.split(":")[0], 0)
     for n in NEIGHBOURS if small else ():
