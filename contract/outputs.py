@@ -63,7 +63,7 @@ def mismatch(name: str, mode: str, actual: object, shape: tuple[int, ...], dtype
     want = output_dtype(dtype) if name == "o" else lse_dtype(dtype)
     if actual.dtype != want:
         rule = ("the inputs' dtype, bfloat16 for FP8 inputs" if name == "o"
-                else "float32 for FP8, 16-bit and float32 inputs, float64 for float64 ones")
+                else "float32 for 16-bit, float32 and FP8 inputs, float64 for float64 ones")
         return f"{name} dtype {actual.dtype} != {want} (the contract's {name}: {rule}; inputs {dtype})"
     if tuple(actual.shape) != tuple(shape):
         return (f"{name} shape {tuple(actual.shape)} != {LAYOUTS[mode][name]} = {tuple(shape)} "

@@ -51,22 +51,22 @@ def attention_yardstick(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` in the input dtype (FP8: as the module docstring says); differentiable.
     Empty rows give o = 0, lse = -inf (or the sink logit)."""
-    scale = default_scale(q.shape[-1], scale)
-    fp8_q, v_format = is_fp8(q), v.dtype
-    b, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
-    v_scale = None
-    if fp8_q or is_fp8(k):
+    fp8_q, fp8, v_format = is_fp8(q), is_fp8(q) or is_fp8(k), getattr(v, "dtype", None)
+    if fp8:  # FP8 values are exact in float32 (FP8 q) or q's 16-bit dtype (an FP8 cache)
         compute = torch.float32 if fp8_q else q.dtype
+        q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    _, group = check_dense(q, k, v)
+    scale = default_scale(q.shape[-1], scale)
+    v_scale = None
+    if fp8:
+        b, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
 
         def descale(d: torch.Tensor | None) -> torch.Tensor:
             d = torch.ones((), dtype=torch.float32, device=q.device) if d is None else d
             return per_query_head(d, b, hq, hkv, torch.float32).to(q.device)
 
         qk = descale(k_descale) * (descale(q_descale) if fp8_q else 1.0)
-        scale = (scale * qk).to(compute)
-        v_scale = descale(v_descale).to(compute)
-        q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    _, group = check_dense(q, k, v)
+        scale, v_scale = (scale * qk).to(compute), descale(v_descale).to(compute)
     k, v = expand_kv(k, group), expand_kv(v, group)
     s = (q @ k.transpose(-1, -2)) * scale if fp8_q else (q * scale) @ k.transpose(-1, -2)
     nq, nk = q.shape[2], k.shape[2]
