@@ -15,6 +15,11 @@ yardstick and ``ref-blocked`` apply the modifiers there); its strategy in
 ``harness/variant_problems.py``. ``meta/test_meta_variants.py`` checks every row against them.
 A stochastic variant (dropout) has no elementwise golden for a kernel's own random numbers: its
 properties are a file of their own (``properties/test_dropout.py``), not ``test_variants.py``'s.
+A variant of the inputs' format (FP8: two rows, FP8 q, k, v and an FP8 cache) is no modifier: its
+definition is ``contract/fp8.py`` (what the tensors stand for, which the golden reads exactly),
+the references take its keywords (the yardstick computes as such kernels do, and what the
+contract lets them round is o's floor: ``refimpl.golden.attention_rounding_bound``), and its
+relations beyond the golden are ``properties/test_fp8.py``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ folders at the repository root.
 
 What a kernel author imports::
 
-    from flashprop import Capabilities, KVCache, Limit
+    from flashprop import FP8, Capabilities, KVCache, Limit
 """
 
 from pathlib import Path
@@ -22,6 +22,7 @@ if not (_HERE / "contract").is_dir() and (_HERE.parent / "contract" / "capabilit
     __path__.append(str(_HERE.parent))
 
 from flashprop.contract.capabilities import (  # noqa: E402
+    FP8,
     FULL_SUPPORT,
     Capabilities,
     KVCache,
@@ -29,4 +30,4 @@ from flashprop.contract.capabilities import (  # noqa: E402
 )
 from flashprop.contract.registry import KernelUnavailable, load_kernel  # noqa: E402
 
-__all__ = ["FULL_SUPPORT", "Capabilities", "KVCache", "KernelUnavailable", "Limit", "load_kernel"]
+__all__ = ["FP8", "FULL_SUPPORT", "Capabilities", "KVCache", "KernelUnavailable", "Limit", "load_kernel"]

@@ -204,7 +204,11 @@ def candidate_problems(
     arguments pin an axis (``None``: draw it); ``min_n`` bounds both sequence lengths from below,
     ``head_dims`` narrows the head dims drawn (those declared among them), ``default_tiles``
     leaves the tiles to the kernel."""
-    dtype = draw(st.sampled_from(_dtypes(caps, dtypes)))
+    allowed = _dtypes(caps, dtypes)
+    if not allowed:  # an FP8-only kernel's 16-bit problems, say: none to draw, and the skip says why
+        DRAWN.refused["no dtype of the draw declared (Capabilities.dtypes)"] += 1
+        reject()
+    dtype = draw(st.sampled_from(allowed))
     hkv = draw(st.integers(1, sizes.max_kv_heads))
     group = draw(st.integers(1, sizes.max_group)) if caps.gqa else 1
     b = draw(st.integers(1, sizes.max_batch))

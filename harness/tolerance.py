@@ -46,10 +46,11 @@ problems), so o's floor also has the worst case of the rounding the contract all
 the golden for the very problem (:func:`refimpl.golden.attention_rounding_bound`,
 :attr:`Conditioning.rounding`):
 
-    floor += max_bhid  u / l_i * sum_j max(e_ij, t) |v_jd|
+    floor += max_bhid  u / l_i * sum_{j: s_ij < m_i} max(e_ij, t) |v_jd|
 
-(u the format's unit roundoff, t its smallest normal, ``e_ij = exp(s_ij - m_i)``). It is a
-bound, not a constant: 1/16 of the weighted mean of |V| for e4m3 at most, less where P is peaked.
+(u the format's unit roundoff, t its smallest normal, ``e_ij = exp(s_ij - m_i)``; the row's
+largest logit is rounded exactly by every such kernel). It is a bound, not a constant: 1/16 of
+the weighted mean of |V| for e4m3 at most, less where P is peaked, 0 where one key takes it all.
 
 Exact requirements come before the budget: NaN where the golden is finite fails, -inf in lse
 must sit exactly where the golden has -inf (empty rows), and empty rows must give o = 0 exactly.

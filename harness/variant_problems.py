@@ -292,7 +292,9 @@ def undeclared_variant_problems(
     length off its ``seqlen_multiple``, or a variant's backward it does not declare)."""
     axis = draw(st.sampled_from(variant_axes(caps)))
     small = Sizes(max_n=min(sizes.max_n, 40), max_head_dim=64)
-    p: Problem = draw(problems(caps, device=device, sizes=small))
+    # an FP8 axis's problem is bfloat16's (o's) or a 16-bit decode's, whatever dtypes are declared
+    base = replace(caps, dtypes=caps.dtypes | {OUTPUT_DTYPE}) if axis.startswith("fp8") else caps
+    p: Problem = draw(problems(base, device=device, sizes=small))
     if axis.startswith("fp8"):
         p = draw(_undeclared_fp8(caps, axis, p, small))
     elif axis in ("splits-over", "queries-over", "page-size", "contiguous"):

@@ -151,9 +151,11 @@ def attention_rounding_bound(
     (FlashAttention-3's P). Rounding to nearest errs by at most ``u * max(x, t)`` (u the format's
     unit roundoff, t its smallest normal: half the subnormal spacing is ``u * t``), and scaled
     back by ``exp(m - m_i) / l_i`` (m_i the row's largest logit, the sink's included, l_i the
-    row's sum) that is at most ``u * max(e_ij, t) / l_i`` with ``e_ij = exp(s_ij - m_i)``. So
+    row's sum) that is at most ``u * max(e_ij, t) / l_i`` with ``e_ij = exp(s_ij - m_i)``. A key
+    of the row's largest logit is rounded exactly in every such kernel (the running max of its
+    tile is its own logit: x = 1, times a power of two), so
 
-        |o_kernel - o|_bhid  <=  u / l_i * sum_j max(e_ij, t) |v_jd|      (keys j that i sees)
+        |o_kernel - o|_bhid  <=  u / l_i * sum_j max(e_ij, t) |v_jd|      (keys j that i sees, s_ij < m_i)
 
     Zero unless q and v are FP8 (decode reads its FP8 cache in q's 16-bit dtype: no FP8 rounding
     of P). Streams over key chunks, twice (m_i and l_i first)."""
@@ -175,7 +177,8 @@ def attention_rounding_bound(
         e = torch.exp(s - m_safe[..., None])
         l = l + e.sum(-1)  # noqa: E741
         if fmt is not None:
-            bound += torch.where(s == NEG_INF, 0.0, torch.clamp(e, min=tiny)) @ abs_v
+            rounded = (s != NEG_INF) & (s < m[..., None])
+            bound += torch.where(rounded, torch.clamp(e, min=tiny), 0.0) @ abs_v
     l_safe = torch.where(l == 0, 1.0, l)
     if fmt is not None:
         bound = unit_roundoff(fmt) * bound / l_safe[..., None]
