@@ -41,8 +41,9 @@ bfloat16 and judged at bfloat16's r and floor. Below that, the contract lets a k
 probabilities P to V's FP8 format for the PV product, as FlashAttention-3 does, and the
 yardstick rounds them so too (``refimpl/yardstick.py``): its error carries their typical size.
 One rounding of P is not another's, though (a kernel's running max is not the yardstick's row
-max, so their P round differently: the ratio of their errors reached 7.4 on 3,000 small
-problems), so o's floor also has the worst case of the rounding the contract allows, computed by
+max, so their P round differently, and on one output element the yardstick can be nearly exact:
+``meta/test_meta_fp8.py`` keeps two correct answers that ``r x yardstick error`` and bfloat16's
+floor alone fail), so o's floor also has the worst case of the rounding the contract allows, computed by
 the golden for the very problem (:func:`refimpl.golden.attention_rounding_bound`,
 :attr:`Conditioning.rounding`):
 
