@@ -250,11 +250,7 @@ class Problem:
     def logical(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """The dense (B, H, N, D) values ``q, k, v, dO`` behind the problem, in the generating
         dtype on the CPU: a varlen problem's are one sequence of Tq queries and Tk keys."""
-        if self.seqlens is None:
-            values = self._values()
-        else:
-            tq, tk = (sum(pair[i] for pair in self.seqlens) for i in (0, 1))
-            values = self.replace(b=1, nq=tq, nk=tk)._values()
+        values = self._drawn()
         if self.fp8 is None:
             return values
         q, k, v, do = values
@@ -262,6 +258,14 @@ class Problem:
         scales = self.fp8_scales((q, k, v))
         quantised = self._fp8_quantised(q, k, v, scales)
         return (*self._fp8_dequantised(quantised, scales, q.dtype), do)
+
+    def _drawn(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The drawn dense (B, H, N, D) values, before any quantisation: a varlen problem's one
+        sequence of Tq queries and Tk keys."""
+        if self.seqlens is None:
+            return self._values()
+        tq, tk = (sum(pair[i] for pair in self.seqlens) for i in (0, 1))
+        return self.replace(b=1, nq=tq, nk=tk)._values()
 
     # ---------------------------------------------------------------- FP8
     def _fp8_names(self) -> tuple[str | None, str, str]:
@@ -295,9 +299,7 @@ class Problem:
         (``raw``: :meth:`_fp8_raw`'s, default the problem's own): per head group of the shape,
         ``amax / top * 2^u`` (:data:`FP8_PLACEMENTS`; 1 for a group of zeros or no values)."""
         if raw is None:
-            values = self._values() if self.seqlens is None else self.replace(
-                b=1, nq=sum(a for a, _ in self.seqlens), nk=sum(b for _, b in self.seqlens))._values()
-            raw = self._fp8_raw(*values[:3])
+            raw = self._fp8_raw(*self._drawn()[:3])
         fmt, shape, placement = self.fp8
         info = torch.finfo(fp8_format.FORMATS[fmt])
         top = {"full": info.max, "saturated": 4 * info.max, "subnormal": 4 * info.smallest_normal,

@@ -477,6 +477,18 @@ def _fp8(descales: Descales | None, hq: int) -> tuple[torch.Tensor, torch.Tensor
     return qk.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
+def _fp8_inputs(descales: Descales | None, hq: int, what: str, tensors: tuple,
+                dropout: Dropout | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`_fp8` of the dense and varlen entry points: FP8 q, k, v are forward only and take
+    no dropout (``what``: the call, ``tensors``: those gradients would be taken for)."""
+    fp8 = _fp8(descales, hq)
+    if fp8 is not None:
+        _forward_only(f"{what} on FP8 inputs", tensors)
+        if dropout is not None:
+            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
+    return fp8
+
+
 def _forward_only(what: str, tensors: tuple) -> None:
     """``NotImplementedError`` when autograd would need gradients of ``tensors`` (``what``)."""
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors):
@@ -547,11 +559,7 @@ def attention(
     window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
                                                  dropout_p, dropout_seed)
     descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, shapes=attention.capabilities.fp8.descales)
-    fp8 = _fp8(descales, hq)
-    if fp8 is not None:
-        _forward_only("attention on FP8 inputs", (q, k, v, sinks))
-        if dropout is not None:
-            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
+    fp8 = _fp8_inputs(descales, hq, "attention", (q, k, v, sinks), dropout)
     return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes,
                                    order, dropout, fp8)
 
@@ -589,12 +597,9 @@ def varlen(
     b, hq = len(seqs), q.shape[1]
     window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
                                                  dropout_p, dropout_seed)
-    fp8 = _fp8(check_fp8(q, k, v, q_descale, k_descale, v_descale, batch=b,
-                         shapes=attention.capabilities.fp8.descales), hq)
-    if fp8 is not None:
-        _forward_only("varlen on FP8 inputs", (q, k, v, sinks))
-        if dropout is not None:
-            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
+    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, batch=b,
+                         shapes=attention.capabilities.fp8.descales)
+    fp8 = _fp8_inputs(descales, hq, "varlen", (q, k, v, sinks), dropout)
     outs, lses = [], []
     for s, (sq, sk) in enumerate(seqs):
         slopes_s = None if slopes is None else slopes[s : s + 1]  # (B, Hq) slopes: row s
