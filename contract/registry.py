@@ -184,8 +184,9 @@ def import_file(name: str, path: Path):
 
 def _import_module(spec: str, target: str):
     """Import ``target`` (a module name, or a path ending in ``.py``). A target that does not exist
-    raises :class:`KernelSpecError`; one that exists but fails to import (a package it needs is
-    missing, an error in its code) raises :class:`KernelUnavailable` with the error."""
+    (or a path without ``.py``: a folder's, say) raises :class:`KernelSpecError`; one that exists
+    but fails to import (a package it needs is missing, an error in its code) raises
+    :class:`KernelUnavailable` with the error."""
     if target.endswith(".py"):
         path = Path(target).resolve()
         if not path.is_file():
@@ -195,6 +196,14 @@ def _import_module(spec: str, target: str):
             return import_file(f"flashprop_user_{path.stem}", path)
         except Exception as err:
             raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
+    if "/" in target or "\\" in target or target.startswith("."):  # a path, not a module name
+        path = Path(target).resolve()
+        if path.with_name(path.name + ".py").is_file():
+            raise KernelSpecError(f"kernel {spec}: {target} is not a file; did you mean "
+                                  f"{target}.py:{spec.rpartition(':')[2]}?")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise KernelSpecError(f"kernel {spec}: {target} {what}; a kernel file is named path/to/file.py:attr "
+                              f"({_folder_listing(path if path.is_dir() else path.parent)})")
     try:
         return importlib.import_module(target)
     except ModuleNotFoundError as err:

@@ -40,13 +40,16 @@ GOOD = "from flashprop.refimpl.blocked import attention as attn\n"
     (["./good.py:attn", "--properties", "nosuch"], "unknown property nosuch; the properties are: "),
     (["./good.py:attn", "--time", "10x"], "--time: not a duration: '10x'"),
     (["./good.py:attn", "--time", "0s"], "--time: a time box of '0s' is no time"),
+    (["./sub:attn"], "./sub is a folder; a kernel file is named path/to/file.py:attr ("),
+    (["./good:attn"], "./good is not a file; did you mean ./good.py:attn?"),
 ], ids=["no-file", "no-attribute", "no-module", "no-attr-part", "negative-examples", "zero-examples",
-        "unknown-property", "bad-time", "zero-time"])
+        "unknown-property", "bad-time", "zero-time", "a-folder", "no-py-suffix"])
 def test_bad_input_to_flashprop_fuzz_is_one_line_and_exit_2(
     args: list[str], says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ):
     (tmp_path / "good.py").write_text(GOOD)
+    (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path)
     try:
         status = main(["fuzz", *args, "--device", "cpu"])
