@@ -476,7 +476,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         from flashprop.harness import report as tallies
 
         if call.when == "setup":
-            tallies.start_item()
+            from flashprop.harness import campaign
+
+            tallies.start_item(campaign.RUNNING_CASE)
         if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
             tallies.note_skip(params["kernel"], _label(item), report.longrepr[2].removeprefix("Skipped: "))
         if call.when == "call":

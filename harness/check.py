@@ -46,6 +46,7 @@ from .report import (
     TALLIES,
     begin,
     expect,
+    keep_failure,
     note_time_box,
     noting,
     record,
@@ -494,7 +495,7 @@ def run_property(
     except PropertyFailure as err:  # the shrunk failure: its record whole (diagnoses), and whether cut
         note = shrinking.note()
         found = err.failure if note is None else err.failure.replace(note=note)
-        TALLIES[(kernel.name, prop)].last_failure = found
+        keep_failure(kernel.name, prop, found)
         if note is None:
             raise
         raise PropertyFailure(found) from None

@@ -36,7 +36,9 @@ NOTE_ROOM = 24
 @dataclass
 class Tally:
     """One property on one kernel: examples by outcome, their seconds, the examples it was asked
-    for (``max_examples`` times its weight, summed over processes), its last failure, the
+    for (``max_examples`` times its weight, summed over processes), its last failure and the last
+    of each of its test cases (``failures``, by case: a property parametrized into several tests,
+    such as malformed-inputs by malformed input, fails with a cause of its own in each), the
     reasons it was skipped (a test skipped before drawing has a tally with only those) and how
     many times a time box stopped it (a pass: the examples it ran before its share was spent)."""
 
@@ -45,6 +47,7 @@ class Tally:
     failed: int = 0
     seconds: float = 0.0
     last_failure: Failure | None = None
+    failures: dict[str, Failure] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     asked: int = 0
     cut: int = 0
@@ -62,9 +65,10 @@ AUTOSAVE_SECONDS = 10.0
 _autosave = {"path": None, "at": 0.0}
 #: Examples and failures recorded in this process (for the progress lines).
 _totals = {"examples": 0, "failed": 0}
-#: The running test: the property it recorded examples of (its skip is noted there) and its own
-#: share of that property's tally (a sharded or repeated property has several tests).
-_item: dict = {"prop": None, "tally": Tally()}
+#: The running test: the property it recorded examples of (its skip is noted there), its own
+#: share of that property's tally (a sharded or repeated property has several tests) and its case
+#: (``harness.campaign.RUNNING_CASE``: the key of its failure in the property's tally).
+_item: dict = {"prop": None, "tally": Tally(), "case": ""}
 
 
 def autosave(path: str) -> None:
@@ -79,8 +83,8 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: Failur
     for counted in (tally, _item["tally"]):
         setattr(counted, outcome, getattr(counted, outcome) + 1)
         counted.seconds += seconds
-        if failure is not None:
-            counted.last_failure = failure
+    if failure is not None:
+        keep_failure(kernel, prop, failure)
     _item["prop"] = prop
     # saved at a property's first failure (not at each of its shrinking steps), else now and then
     first_failure = outcome == "failed" and tally.failed == 1
@@ -91,6 +95,19 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: Failur
     _totals["examples"] += 1
     _totals["failed"] += outcome == "failed"
     timebox.tick(_totals["examples"], _totals["failed"], sum(t.run > 0 for t in TALLIES.values()))
+
+
+def keep_failure(kernel: str, prop: str, failure: Failure) -> None:
+    """``failure`` is the latest of ``prop`` on ``kernel``, and of the running test case."""
+    tally = TALLIES[(kernel, prop)]
+    tally.last_failure = _item["tally"].last_failure = failure
+    tally.failures[_item["case"]] = failure
+
+
+def failures_of(tally: Tally) -> list[Failure]:
+    """The last failure of each test case of the tally's property (of a row an older flashprop
+    wrote: its last failure)."""
+    return list(tally.failures.values()) or ([tally.last_failure] if tally.last_failure else [])
 
 
 def expect(kernel: str, prop: str, examples: int) -> None:
@@ -113,10 +130,10 @@ def forget(kernel: str) -> None:
         del TALLIES[key]
 
 
-def start_item() -> None:
-    """A test starts: a skip noted from now on belongs to the property it records, if any; its
-    own counts start at 0."""
-    _item.update(prop=None, tally=Tally())
+def start_item(case: str | None = None) -> None:
+    """A test starts (``case``: its case, ``harness.campaign.RUNNING_CASE``): a skip noted from now
+    on belongs to the property it records, if any; its own counts start at 0."""
+    _item.update(prop=None, tally=Tally(), case=case or "")
 
 
 def running_item() -> tuple[str | None, Tally]:
@@ -132,9 +149,10 @@ def note_skip(kernel: str, label: str, reason: str) -> None:
     TALLIES[(kernel, _item["prop"] or label)].skipped.append(first)
 
 
-def _note(tally: Tally, numbers: dict[tuple[str, str], int], key: tuple[str, str]) -> str:
+def _note(tally: Tally, numbers: dict[tuple[str, str], list[int]], key: tuple[str, str]) -> str:
     if key in numbers:
-        return f"cause [{numbers[key]}]"
+        found = numbers[key]
+        return f"cause{'s' * (len(found) > 1)} {', '.join(f'[{n}]' for n in found)}"
     notes = [f"time-boxed{f' ({tally.cut})' * (tally.cut > 1)}"] if tally.cut else []  # shares spent
     reasons = list(dict.fromkeys(tally.skipped))
     if reasons:
@@ -176,7 +194,10 @@ def table_rows() -> list[tuple[str, ...]]:
     """The table's rows as strings (:data:`COLUMNS`): one per tally that ran examples (or was
     asked for some and ran none); a kernel whose tests were all skipped for one reason gets one
     row; the tests that drew nothing are not rows (:func:`skipped_before_drawing`)."""
-    numbers = {(g.kernel, prop): i for i, g in enumerate(failure_groups(), 1) for prop in g.properties}
+    numbers: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for i, g in enumerate(failure_groups(), 1):
+        for prop in dict.fromkeys(g.properties):
+            numbers[(g.kernel, prop)].append(i)
     alike = {kernel: found for kernel, _ in TALLIES if (found := _skipped_alike(kernel))}
     out: list[tuple[str, ...]] = []
     for key, t in _ordered():
@@ -274,7 +295,7 @@ def summary_lines(all_skips: bool = False) -> list[str]:
 
 def failure_groups() -> list[Group]:
     """The failures in the tallies, grouped by cause (:func:`harness.causes.group`)."""
-    return group(t.last_failure for _, t in sorted(TALLIES.items()) if t.last_failure)
+    return group(f for _, t in sorted(TALLIES.items()) for f in failures_of(t))
 
 
 def _heading(number: int, g: Group) -> str:
@@ -337,14 +358,16 @@ def markdown_lines() -> list[str]:
 
 def rows() -> list[dict]:
     """The tallies as JSON-able rows (what :func:`dump` writes and :func:`merge_rows` reads): the
-    last failure as its record (``failure``) and its report (``last_failure``, for scripts)."""
+    last failure as its record (``failure``) and its report (``last_failure``, for scripts), and
+    the last of each test case (``failures``: case -> record)."""
     out = []
     for (k, p), t in sorted(TALLIES.items()):
         found = t.last_failure
-        row = {f.name: getattr(t, f.name) for f in fields(t) if f.name != "last_failure"}
+        row = {f.name: getattr(t, f.name) for f in fields(t) if f.name not in ("last_failure", "failures")}
         out.append({"kernel": k, "property": p, **row,
                     "last_failure": None if found is None else found.render(),
-                    "failure": None if found is None else found.to_dict()})
+                    "failure": None if found is None else found.to_dict(),
+                    "failures": {case: f.to_dict() for case, f in t.failures.items()}})
     return out
 
 
@@ -369,6 +392,7 @@ def merge_rows(found: list[dict]) -> None:
         elif row.get("last_failure"):  # a row of a flashprop before records: its report as it was
             tally.last_failure = Failure(row["kernel"], row["property"], "(reported by an older flashprop)",
                                          (row["last_failure"],))
+        tally.failures.update({case: Failure.from_dict(d) for case, d in row.get("failures", {}).items()})
         tally.skipped += row.get("skipped", [])
         tally.asked += row.get("asked", 0)
         tally.cut += row.get("cut", 0)

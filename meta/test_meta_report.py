@@ -462,3 +462,45 @@ def test_tracebacks_go_next_to_the_runs_files_else_to_one_file_here(tmp_path: Pa
     stale.write_text("an earlier run's tracebacks")
     assert _write_tracebacks(SimpleNamespace(stats={"passed": [object()]}), str(stale)) == 0
     assert not stale.exists()
+
+
+#: Declares a window and a softcap and answers both malformed: a side below -1 (read as -1) and a
+#: negative softcap (its absolute value taken).
+UNCHECKED = textwrap.dedent("""
+    from flashprop import Capabilities
+    from flashprop.refimpl.blocked import attention
+
+
+    def attn(q, k, v, *, window_size=None, softcap=0.0, **kw):
+        if window_size is not None:
+            window_size = tuple(max(side, -1) for side in window_size)
+        return attention(q, k, v, window_size=window_size, softcap=abs(softcap), **kw)
+
+
+    attn.capabilities = Capabilities(devices=frozenset({"cpu"}), backward=False, window=True, softcap=True)
+""")
+
+
+def test_each_test_case_of_a_property_keeps_its_failure(tmp_path: Path):
+    """malformed-inputs is one property in a test per malformed input: a kernel answering two of
+    them fails two tests, and the report shows both causes (the tallies keep the last failure of
+    each test case, not of the property), one table row pointing at both, the JSON row both."""
+    (tmp_path / "unchecked.py").write_text(UNCHECKED)
+    tally = tmp_path / "tally.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu", "-W", "ignore",
+         "--hypothesis-profile", "ci", "--max-examples", "3", "--kernel", "./unchecked.py:attn",
+         f"{ROOT}/properties/test_error_contract.py", "-k", "malformed", "--tally-json", str(tally),
+         "--tracebacks-file", str(tmp_path / "tb.txt")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1 and "2 failed, " in run.stdout, run.stdout + run.stderr
+    causes = run.stdout[run.stdout.index("failures by cause"):]
+    for corruption in ("window_size below -1", "softcap negative"):
+        assert causes.count(f"malformed input ({corruption}) was answered instead of refused") == 1, causes
+    assert "[2] " in causes and "[3] " not in causes, causes
+    (row,) = [line for line in run.stdout.splitlines() if " malformed-inputs " in line]
+    assert row.endswith("causes [1], [2]"), run.stdout
+    (found,) = [r for r in json.loads(tally.read_text()) if r["property"] == "malformed-inputs"]
+    test = "test_error_contract::test_malformed_variant_inputs_raise_clear_error"
+    assert sorted(found["failures"]) == [f"{test}[corruption=softcap negative]",
+                                         f"{test}[corruption=window_size below -1]"]
