@@ -499,6 +499,7 @@ class Problem:
         returns_lse: bool = True,
         inputs: tuple[str, str] | None = None,
         replay: str | None = None,
+        malformed: tuple[str, Sequence[str]] | None = None,
     ) -> str:
         """Python (a script, run from the folder the kernel spec is relative to) that rebuilds the
         problem's tensors, calls the problem's entry point (``mode``: ``attn``, ``attn.varlen`` or
@@ -512,7 +513,13 @@ class Problem:
         tensors instead (the huge and spread layouts of ``harness.scale_problems``). With nothing
         ``judged`` the script only makes the call. ``replay``: the command that replays the
         property on the problem, which ``show`` runs when this one call is within budget (the
-        property compares runs, or runs transformed inputs)."""
+        property compares runs, or runs transformed inputs). ``malformed``: ``(corruption,
+        keywords)``, a malformed call (``harness.variant_problems.MALFORMED``) that must be
+        refused: the script builds the corrupted inputs (``malformed_inputs``), passes the
+        ``keywords`` of that call from them and makes the call under
+        :func:`harness.repro.must_refuse`, which exits 1 unless it raises a clear error."""
+        if malformed is not None:
+            return self._malformed_repro(kernel, returns_lse, *malformed)
         judged = [n for n in judged if returns_lse or n != "lse"]
         backward = any(n in _GRADIENTS for n in judged)
         lines = ["import torch", "from flashprop.contract.problem import Problem",
@@ -548,6 +555,31 @@ class Problem:
             then = [] if replay is None else [f"replay={replay!r}"]
             lines.append(f"show(p, kernel, {', '.join([*(f'{n}={n}' for n in judged), *then])})")
         return "\n".join(lines)
+
+    def _malformed_repro(self, kernel: str, returns_lse: bool, corruption: str,
+                         keywords: Sequence[str]) -> str:
+        """:meth:`repro` of a malformed call: causal, scale and the tiles as the suite passes them,
+        every other keyword (``keywords``) and the arguments from the corrupted inputs."""
+        entry = "attn" if self.mode == "dense" else f"attn.{self.mode}"
+        target = "o, lse" if returns_lse else "o"
+        words = [f"causal={self.causal!r}", *([f"scale={self.scale!r}"] if self.scale is not None else []),
+                 *(f"{name}={name}" for name in keywords),
+                 *(f"{name}={val!r}" for name, val in (("block_m", self.block_m), ("block_n", self.block_n))
+                   if val is not None)]
+        return "\n".join([
+            "import torch", "from flashprop.contract.problem import Problem",
+            "from flashprop.contract.registry import load_kernel",
+            "from flashprop.harness.repro import must_refuse",
+            "from flashprop.harness.variant_problems import malformed_inputs",
+            f"p = {self.constructor()}",
+            f"kernel = load_kernel({kernel!r})",
+            "attn = kernel.fn",
+            f"inp = malformed_inputs(p, {corruption!r})",
+            f"{', '.join(_ARGS[self.mode])} = inp.args",
+            *(f"{name} = inp.kwargs[{name!r}]" for name in keywords),
+            f"with must_refuse({corruption!r}):",
+            *("    " + line for line in _call(target, entry, _ARGS[self.mode], words)),
+        ])
 
     def _call_keywords(self) -> list[tuple[str, str | None]]:
         """The keywords the suite passes to the entry point (``Kernel.call``): causal, scale and

@@ -131,17 +131,19 @@ def failure(
     error: str | None = None,
     symptom: Symptom | None = None,
     relation: Relation | None = None,
+    malformed: tuple[str, Sequence[str]] | None = None,
 ) -> Failure:
     """The record of ``prop`` failing on ``problem`` (:mod:`harness.failures`): the problem, the
     ``details``, what names the cause (``error``, ``symptom``, ``relation``: the record's fields),
     a repro that calls the kernel as the suite did and judges ``judged`` against the golden
     (default: o and lse, and the gradients with ``backward``; :meth:`Problem.repro`, ``inputs``
-    as there) and the command that replays the property on that problem alone."""
+    and ``malformed``, a malformed call that must be refused, as there) and the command that
+    replays the property on that problem alone."""
     if judged is None:
         judged = ("o", "lse", *(gradient_names(problem) if backward else ()))
     replay = replay_command(kernel.name, prop, problem)
     repro = problem.repro(kernel.name, judged=judged, returns_lse=kernel.capabilities.returns_lse,
-                          inputs=inputs, replay=replay)
+                          inputs=inputs, replay=replay, malformed=malformed)
     return Failure(kernel.name, prop, problem.describe(), tuple(details), error=error, symptom=symptom,
                    relation=relation, repro=repro, replay=replay)
 
@@ -200,6 +202,7 @@ def run_kernel(
     scale: float | None = None,
     grad_output: torch.Tensor | None = None,
     declared: bool = True,
+    malformed: str | None = None,
 ) -> Outputs:
     """Call the problem's entry point on its tensors (or on ``inputs``: the whole
     :class:`KernelInputs`, or a dense problem's ``q, k, v`` with the problem's variant keywords);
@@ -207,7 +210,9 @@ def run_kernel(
 
     A clear error on a ``declared`` problem, any other exception, or a broken CUDA context is a
     :class:`PropertyFailure`. On an undeclared problem (``declared=False``, the error contract)
-    a clear error raises :class:`KernelRefused` instead.
+    a clear error raises :class:`KernelRefused` instead. ``malformed``: ``inputs`` are the
+    problem's with that malformed input applied (``harness.variant_problems.malformed_inputs``),
+    which a failure's repro rebuilds.
     """
     if inputs is None:
         inputs = problem.kernel_inputs(requires_grad=backward)
@@ -218,6 +223,7 @@ def run_kernel(
             grads["sinks"] = variants["sinks"]
         inputs = KernelInputs(tuple(inputs), variants, grads)
     scale = problem.scale if scale is None else scale
+    bad = None if malformed is None else (malformed, tuple(inputs.kwargs))
     try:
         o, lse = kernel.call(
             problem.mode, inputs.args, inputs.kwargs, causal=problem.causal, scale=scale,
@@ -242,7 +248,8 @@ def run_kernel(
         ) from err
     except Exception as err:
         text = f"{type(err).__name__}: {err}"
-        message = failure(kernel, problem, prop, [], error=f"the kernel raised {text}", backward=backward)
+        message = failure(kernel, problem, prop, [], error=f"the kernel raised {text}", backward=backward,
+                          malformed=bad)
         if any(s in str(err) for s in _CUDA_FATAL):
             # A dead CUDA context cannot run anything again. A campaign worker ends itself, its
             # problem noted with the cause: xdist starts a fresh worker (a fresh context) for
@@ -256,9 +263,10 @@ def run_kernel(
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         lost = "declares returns_lse but returned only o"
-        raise PropertyFailure(failure(kernel, problem, prop, [], error=lost))
+        raise PropertyFailure(failure(kernel, problem, prop, [], error=lost, malformed=bad))
     if wrong:  # o's and lse's dtype and shape are the contract's (contract.outputs), in every property
-        raise PropertyFailure(failure(kernel, problem, prop, wrong[1:], error=wrong[0], backward=backward))
+        raise PropertyFailure(failure(kernel, problem, prop, wrong[1:], error=wrong[0], backward=backward,
+                                      malformed=bad))
     return Outputs(o, lse, **grads)
 
 

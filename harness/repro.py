@@ -5,7 +5,9 @@ calls the kernel's entry point as the suite did and passes what it got to :func:
 judges it with the suite's own :func:`harness.check.judge` (the float64 golden of
 ``reference_for`` and the tolerance model's budget: ``budget = r x yardstick error + floor``),
 prints one line per output (PASS or FAIL, max|err|, where, the budget) and exits with status 1
-when any output fails.
+when any output fails. The repro of a malformed call (the error contract's malformed inputs)
+makes the call inside :func:`must_refuse`, which exits with status 1 unless it raises a clear
+error.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from ..contract.problem import Problem
 from ..contract.registry import Kernel
+from ..contract.validate import CLEAR_ERRORS
 from .check import GRADIENTS, Outputs, judge
 from .scale_problems import SPREAD_LAYOUTS
 
@@ -59,3 +64,24 @@ def show(p: Problem, kernel: Kernel, *, replay: str | None = None, **outputs: to
         command = shlex.split(replay)
         done = subprocess.run([sys.executable, *command[1:]] if command[0] == "python" else command)
         sys.exit(done.returncode)
+
+
+@contextmanager
+def must_refuse(corruption: str) -> Iterator[None]:
+    """The call inside gets malformed input (``corruption``, a name of
+    ``harness.variant_problems.MALFORMED``): a clear error (ValueError, TypeError,
+    NotImplementedError) is what the contract asks: PASS, and the script goes on (to exit 0); an
+    answer, or any other error, prints FAIL and exits with status 1."""
+    clear = ", ".join(e.__name__ for e in CLEAR_ERRORS)
+    try:
+        yield
+    except CLEAR_ERRORS as err:
+        print(f"PASS: malformed input ({corruption}) refused: {type(err).__name__}: {err}")
+        return
+    except Exception as err:
+        print(f"FAIL: malformed input ({corruption}) raised {type(err).__name__}: {err}; "
+              f"the contract asks for a clear error ({clear})")
+        sys.exit(1)
+    print(f"FAIL: malformed input ({corruption}) was answered instead of refused with a clear error "
+          f"({clear})")
+    sys.exit(1)

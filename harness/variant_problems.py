@@ -538,6 +538,14 @@ MALFORMED: dict[str, tuple[str, Callable[[KernelInputs], None]]] = {
 }
 
 
+def malformed_inputs(p: Problem, corruption: str) -> KernelInputs:
+    """The inputs of ``p``'s call with the malformed input ``corruption`` (a :data:`MALFORMED`
+    name) applied: what the error contract passes, and what its failure's repro rebuilds."""
+    inp = p.kernel_inputs()
+    MALFORMED[corruption][1](inp)
+    return inp
+
+
 def malformed_for(caps: Capabilities) -> list[str]:
     """The malformed inputs that apply to what the kernel declares."""
     return [name for name, (variant, _) in MALFORMED.items() if caps.declares_variant(variant)]

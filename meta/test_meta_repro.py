@@ -37,7 +37,8 @@ from flashprop.harness.check import (
 from flashprop.harness.failures import REPLAY_HEADER, REPRO_HEADER
 from flashprop.harness.report import forget
 from flashprop.harness.scale_problems import SPREAD_LAYOUTS, host_reserve_limit, spread_span_bytes
-from flashprop.properties import test_huge
+from flashprop.harness.strategies import Sizes
+from flashprop.properties import test_error_contract, test_huge
 from hypothesis import Phase
 from hypothesis import strategies as st
 
@@ -93,6 +94,21 @@ def attn(q, k, v, **kw):
 
 attn.capabilities = replace(blocked.capabilities, varlen=False, kvcache=None)  # dense only
 '''
+#: A kernel that declares a window and answers a side below -1 (it reads it as -1, unbounded);
+#: CHECKED refuses it (contract.validate.check_window).
+UNCHECKED_WINDOW = '''
+from dataclasses import replace
+from flashprop.contract.validate import check_window
+from flashprop.refimpl.blocked import attention as blocked
+
+def attn(q, k, v, *, window_size=None, **kw):
+    if window_size is not None:
+        window_size = tuple(max(side, -1) for side in window_size)
+    return blocked(q, k, v, window_size=window_size, **kw)
+
+attn.capabilities = replace(blocked.capabilities, varlen=False, kvcache=None)  # dense only
+'''
+CHECKED = "window_size = check_window(window_size)"
 RAISES = '''
 from dataclasses import replace
 from flashprop.refimpl.blocked import attention as blocked
@@ -349,3 +365,41 @@ def test_a_repro_whose_one_call_passes_runs_the_property(tmp_path: Path):
     assert "PASS: o, lse within budget on this one call" in run.stdout, output
     assert "running it on this problem alone" in run.stdout and "1 failed" in run.stdout, output
     assert run.returncode == 1, output
+
+
+def test_a_malformed_input_repro_makes_the_malformed_call(quick: None, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """The error contract's malformed-inputs failure (a window side of -2 answered): its repro
+    rebuilds the corrupted inputs (``malformed_inputs``) and makes that call, not the well-formed
+    one, under ``must_refuse``: FAIL and status 1 while the kernel answers it; with the kernel
+    fixed to refuse it, PASS and status 0."""
+    folder, scripts = tmp_path / "user", tmp_path / "scripts"
+    folder.mkdir()
+    scripts.mkdir()
+    source = folder / "unchecked.py"
+    source.write_text(textwrap.dedent(UNCHECKED_WINDOW))
+    monkeypatch.chdir(folder)
+    kernel = load_kernel("./unchecked.py:attn")
+    sizes = Sizes(max_n=8, max_batch=1, max_kv_heads=1, max_group=1, max_head_dim=8, max_work=10_000)
+    corruption = "window_size below -1"
+    try:
+        with pytest.raises(PropertyFailure) as failed:
+            test_error_contract.test_malformed_variant_inputs_raise_clear_error(kernel, "cpu", sizes,
+                                                                                corruption)
+    finally:
+        forget(kernel.name)
+    script = _repro(str(failed.value))
+    assert f"inp = malformed_inputs(p, {corruption!r})" in script, script
+    assert "window_size = inp.kwargs['window_size']" in script, script
+    assert "attn(q, k, v, causal=False, window_size=window_size" in script, script
+    run = _run(script, folder, scripts)
+    assert run.returncode == 1, run.stdout + run.stderr
+    answered = (f"FAIL: malformed input ({corruption}) was answered instead of refused with a clear error "
+                "(ValueError, TypeError, NotImplementedError)")
+    assert run.stdout.strip() == answered, run.stdout
+    source.write_text(source.read_text().replace(
+        "window_size = tuple(max(side, -1) for side in window_size)", CHECKED))
+    run = _run(script, folder, scripts)
+    assert run.returncode == 0, run.stdout + run.stderr
+    refused = f"PASS: malformed input ({corruption}) refused: ValueError: window_size"
+    assert run.stdout.startswith(refused), run.stdout

@@ -19,6 +19,7 @@ from flashprop.harness.check import (
 from flashprop.harness.strategies import undeclared_problems
 from flashprop.harness.variant_problems import (
     MALFORMED,
+    malformed_inputs,
     undeclared_variant_problems,
     variant_axes,
     variant_problems,
@@ -75,20 +76,20 @@ def test_malformed_variant_inputs_raise_clear_error(kernel, device, sizes, corru
     """Malformed variant inputs (cu_seqlens, cache lengths, block tables, slopes, windows,
     softcaps, sinks) of a declared entry point raise ValueError, TypeError or
     NotImplementedError: never an answer, a NaN or a crash."""
-    variant, corrupt = MALFORMED[corruption]
+    variant = MALFORMED[corruption][0]
     if not kernel.capabilities.declares_variant(variant):
         pytest.skip(f"kernel {kernel.name} does not declare variant {variant!r}")
     prop = "malformed-inputs"
 
     def check(kernel, problem):
-        inp = problem.kernel_inputs()
-        corrupt(inp)
+        inp = malformed_inputs(problem, corruption)
         try:
-            run_kernel(kernel, problem, prop, inputs=inp, declared=False)
+            run_kernel(kernel, problem, prop, inputs=inp, declared=False, malformed=corruption)
         except KernelRefused:
             return "refused"
-        raise PropertyFailure(failure(kernel, problem, prop, [
-            f"malformed input ({corruption}) was answered instead of refused with a clear error"]))
+        answered = f"malformed input ({corruption}) was answered instead of refused with a clear error"
+        raise PropertyFailure(failure(kernel, problem, prop, [], error=answered,
+                                      malformed=(corruption, tuple(inp.kwargs))))
 
     two = corruption == "cu_seqlens not monotone"  # a second sequence to jump back to
     strategy = variant_problems(kernel.capabilities, variant, device=device, sizes=sizes,
