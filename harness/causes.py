@@ -20,7 +20,10 @@ A failure is a record (:class:`harness.failures.Failure`), made where the proper
    backward, odd-dims and sinks-backward properties alike; a long-golden failure with o and lse
    off has the key of a forward failure with o off).
 
-Two failures of one kernel with equal keys share a cause. A group of key 3 (a symptom, no
+Two failures of one kernel with equal keys share a cause. A group of key 2 whose every member
+also has, among its diagnoses, the key of a larger group of key 2 joins that group (one problem
+can fit two conventions: at Nq = Nk + 1 a causal mask one key early is the top-left one, and the
+diagnosis that explains every failure is the cause). A group of key 3 (a symptom, no
 diagnosis) joins a group of key 2 of its kernel when a member of that group has the same symptom
 key, or one whose :func:`harness.symptoms.undirected` is it (a comparison made without its
 tensors does not know lse's direction): the large
@@ -102,6 +105,13 @@ def _named(f: Failure) -> _Named | None:
     return None if f.symptom is None else _Named(3, f.symptom.key(), f.symptom.line())
 
 
+def _clause_like(f: Failure, key: str, fallback: str) -> str:
+    """The first clause of ``f``'s diagnosis whose key is ``key`` (its own numbers), else
+    ``fallback``."""
+    clauses = (diagnosis.clause(line) for line in f.diagnoses)
+    return next((found for found in clauses if normalize(found) == key), fallback)
+
+
 def cause_line(f: Failure) -> str | None:
     """The line that names the failure's cause (an error; a diagnosis's first clause; a symptom),
     or ``None``."""
@@ -129,6 +139,24 @@ def problem_size(f: Failure) -> tuple[float, int, int]:
 
 def _smallest(members: list[Failure]) -> Failure:
     return min(members, key=lambda f: (problem_size(f), len(f.render()), f.prop))
+
+
+def _by_shared_diagnosis(named: dict[tuple[str, str], list[tuple[Failure, str]]],
+                          rule: dict[tuple[str, str], int]) -> dict[tuple[str, str], tuple[str, str]]:
+    """The groups of rule 2 that join a larger group of rule 2 whose key each of their members
+    has among its diagnoses (see the module docstring): ``(kernel, key) -> (kernel, key)``, each
+    target one that moves nowhere; of several, the one of more members, then the first key."""
+    clauses = {id(f): {normalize(diagnosis.clause(line)) for line in f.diagnoses}
+               for members in named.values() for f, _ in members}
+    diagnosed = sorted((place for place in named if rule[place] == 2), key=lambda p: (-len(named[p]), p[1]))
+    moves: dict[tuple[str, str], tuple[str, str]] = {}
+    for i, place in enumerate(diagnosed):  # larger groups first: a target never moves on
+        targets = [t for t in diagnosed[:i] if t[0] == place[0] and t not in moves
+                   and len(named[t]) > len(named[place])
+                   and all(t[1] in clauses[id(f)] for f, _ in named[place])]
+        if targets:
+            moves[place] = targets[0]
+    return moves
 
 
 def _by_symptom(named: dict[tuple[str, str], list[tuple[Failure, str]]], rule: dict[tuple[str, str], int],
@@ -164,6 +192,10 @@ def group(failures: Iterable[Failure]) -> list[Group]:
         rule[(f.kernel, found.key)] = found.rule
         if found.rule > 1:
             mismatch.setdefault((f.kernel, f.problem), (f.kernel, found.key))
+    for place, target in _by_shared_diagnosis(named, rule).items():
+        worded = named[target][0][1]  # the target's clause, as its first member words it
+        named[target] += [(f, _clause_like(f, target[1], worded)) for f, _ in named.pop(place)]
+        mismatch = {where: target if key == place else key for where, key in mismatch.items()}
     joined: dict[tuple[str, str], list[Failure]] = {}
     by_problem: dict[tuple[str, str], list[Failure]] = {}
     for f in rest:

@@ -82,6 +82,34 @@ def test_one_bug_is_one_entry_and_two_bugs_are_two():
     assert groups[1].headline == "off the golden: lse (above it); within budget: o"
 
 
+def _causal_one_key_early(q, k, v, *, causal=False, scale=None, **variants):
+    """Causal rows see one key past the diagonal (j <= i + Nk - Nq + 1)."""
+    if causal:
+        return attention_yardstick(q, k, v, scale=scale, window_size=(-1, 1), **variants)
+    return attention_yardstick(q, k, v, scale=scale, **variants)
+
+
+def test_a_diagnosis_every_member_has_joins_the_larger_cause():
+    """A causal mask one key early: at Nq = Nk + 1 it is also the top-left mask, and that problem
+    is diagnosed top-left first; its failure joins the cause that explains them all (one key past
+    the diagonal), whose headline stays, rather than an entry telling to declare top-left."""
+    kernel = _kernel("meta-one-key-early", _causal_one_key_early)
+    square = Problem(nq=4, nk=4, d=8, dv=8, causal=True)
+    failures = [
+        _report(kernel, "forward", square, ("o", "lse")),
+        _report(kernel, "odd-head-dims", square.replace(d=40, dv=40, nq=6, nk=6), ("o", "lse")),
+        _report(kernel, "single-token", Problem(nq=2, nk=1, d=8, dv=8, causal=True), ("o", "lse")),
+    ]
+    assert failures[2].diagnoses[0].startswith("diagnosis: matches the top-left causal golden")
+    (only,) = group(failures)
+    assert only.properties == ("forward", "odd-head-dims", "single-token"), only
+    early = ("matches the causal golden with one key past the diagonal visible (key j visible iff "
+             "j <= i + Nk - Nq")
+    assert only.cause == f"{early} + #, the mask one row early)", only.cause
+    assert only.smallest.prop == "single-token", only.smallest
+    assert only.headline == f"{early} + 1, the mask one row early)", only.headline
+
+
 def test_one_wrong_gradient_is_one_entry_with_and_without_sinks():
     """The dV bug under the backward and the sinks-backward properties: one cause, whichever
     other gradients (dsinks) are judged."""
