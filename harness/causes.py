@@ -214,13 +214,13 @@ def group(failures: Iterable[Failure]) -> list[Group]:
     for (kernel, key), members in named.items():
         smallest = _smallest([f for f, _ in members])
         line = next(line for f, line in members if f is smallest)
-        guessed = sorted(f.prop for f in inferred.get((kernel, key), []))
-        own = [*(f.prop for f, _ in members), *(f.prop for f in joined.get((kernel, key), []))]
-        props = sorted([*own, *guessed])
+        own = {*(f.prop for f, _ in members), *(f.prop for f in joined.get((kernel, key), []))}
+        guessed = sorted({f.prop for f in inferred.get((kernel, key), [])} - own)  # a property once
+        props = sorted(own | set(guessed))
         groups.append(Group(kernel, key, tuple(props), smallest, line, tuple(guessed)))
     for (kernel, text), members in by_problem.items():
         if len(members) > 1:
-            groups.append(Group(kernel, PROBLEM_PREFIX + text, tuple(f.prop for f in members),
+            groups.append(Group(kernel, PROBLEM_PREFIX + text, tuple(dict.fromkeys(f.prop for f in members)),
                                 _smallest(members), "one shrunk problem, no cause named"))
         else:
             groups.append(Group(kernel, None, (members[0].prop,), members[0], "outputs off the golden"))

@@ -25,7 +25,7 @@ from hypothesis.errors import Unsatisfiable, UnsatisfiedAssumption
 from ..contract.fp8 import is_fp8
 from ..contract.outputs import mismatch as output_mismatch
 from ..contract.outputs import mismatches as output_mismatches
-from ..contract.problem import KernelInputs, Problem
+from ..contract.problem import LAYOUTS, KernelInputs, Problem
 from ..contract.registry import Kernel
 from ..contract.validate import CLEAR_ERRORS
 from ..refimpl import attention_golden, attention_golden_backward, attention_yardstick
@@ -40,7 +40,7 @@ from ..refimpl.layouts import (
 )
 from . import campaign, timebox
 from .campaign import current_shard, database_key, end_worker, stop_if_asked
-from .diagnosis import diagnose, diagnose_gradients
+from .diagnosis import NEIGHBOUR_WORK, diagnose, diagnose_gradients, work
 from .failures import Failure
 from .report import (
     TALLIES,
@@ -406,6 +406,46 @@ def assert_close_to_golden(
                                       symptom=Symptom.of(results, actual, expected)), later=diagnoses)
 
 
+def _diagnosed_by_its_call(kernel: Kernel, prop: str, found: Failure) -> Failure:
+    """A failure that names no error, diagnosis or symptom (a property's own check: a metamorphic
+    relation, empty rows, gradcheck), on a problem whose plain call is off the golden too and
+    diagnosed (:func:`assert_close_to_golden`): with that call's symptom line and diagnoses, so
+    that it joins the cause they name (a softmax that overflows breaks the relations and the
+    derivatives on the rows it breaks). Problems of the plain layouts, without dropout, within
+    the neighbours' work limit (``diagnosis.NEIGHBOUR_WORK``) only; any other outcome leaves
+    ``found`` as it is."""
+    if found.error or found.diagnoses or found.symptom or kernel.name in BROKEN:
+        return found
+    try:
+        p = Problem.parse(found.problem)
+    except (ValueError, SyntaxError, TypeError, KeyError):
+        return found
+    if (p.layout not in LAYOUTS or p.dropout is not None
+            or work(p) > NEIGHBOUR_WORK.get(p.device.split(":")[0], 0)):
+        return found
+    names = ("o", "lse") if kernel.capabilities.returns_lse else ("o",)
+    try:
+        assert_close_to_golden(kernel, p, prop, run_kernel(kernel, p, prop), names)
+    except PropertyFailure as off:
+        seen = off.failure
+        if seen.error or not seen.diagnoses or seen.symptom is None:
+            return found
+        alone = f"its call on this problem alone is {seen.symptom.line()}"
+        return found.replace(details=(*found.details, alone), diagnoses=seen.diagnoses)
+    except Exception:  # the call or the golden could not be made here: the failure as it was found
+        return found
+    return found
+
+
+def _reported(kernel: Kernel, prop: str, err: PropertyFailure, note: str | None) -> PropertyFailure:
+    """The shrunk failure as it is reported: its record whole (diagnoses, or those of its plain
+    call: :func:`_diagnosed_by_its_call`) and the note of a shrink cut short; ``err`` itself when
+    neither adds anything."""
+    found = _diagnosed_by_its_call(kernel, prop, err.failure)
+    found = found if note is None else found.replace(note=note)
+    return err if found is err.failure else PropertyFailure(found)
+
+
 def run_property(
     kernel: Kernel,
     prop: str,
@@ -501,12 +541,11 @@ def run_property(
         test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
         test()
     except PropertyFailure as err:  # the shrunk failure: its record whole (diagnoses), and whether cut
-        note = shrinking.note()
-        found = err.failure if note is None else err.failure.replace(note=note)
-        keep_failure(kernel.name, prop, found)
-        if note is None:
+        found = _reported(kernel, prop, err, shrinking.note())
+        keep_failure(kernel.name, prop, found.failure)
+        if found is err:
             raise
-        raise PropertyFailure(found) from None
+        raise found from None
     except TimeBoxSpent:
         note_time_box(kernel.name, prop)  # a pass: every example it ran passed
     except Unsatisfiable:
@@ -514,3 +553,13 @@ def run_property(
         if undeclared is None:  # the property's own conditions draw nothing: its defect
             raise
         pytest.skip(f"kernel {kernel.name} declares none of the problems {prop} needs ({undeclared})")
+    except Exception as err:
+        members = getattr(err, "exceptions", None)  # Hypothesis found distinct failures: a group
+        if not members or not any(isinstance(e, PropertyFailure) for e in members):
+            raise
+        note = shrinking.note()
+        reported = [_reported(kernel, prop, e, note) if isinstance(e, PropertyFailure) else e
+                    for e in members]
+        for i, found in enumerate(e for e in reported if isinstance(e, PropertyFailure)):
+            keep_failure(kernel.name, prop, found.failure, part=i)
+        raise err.derive(reported) from None

@@ -97,11 +97,12 @@ def record(kernel: str, prop: str, outcome: str, seconds: float, failure: Failur
     timebox.tick(_totals["examples"], _totals["failed"], sum(t.run > 0 for t in TALLIES.values()))
 
 
-def keep_failure(kernel: str, prop: str, failure: Failure) -> None:
-    """``failure`` is the latest of ``prop`` on ``kernel``, and of the running test case."""
+def keep_failure(kernel: str, prop: str, failure: Failure, part: int = 0) -> None:
+    """``failure`` is the latest of ``prop`` on ``kernel``, and of the running test case (``part``:
+    which of the distinct failures Hypothesis found in it)."""
     tally = TALLIES[(kernel, prop)]
     tally.last_failure = _item["tally"].last_failure = failure
-    tally.failures[_item["case"]] = failure
+    tally.failures[_item["case"] + (f" ({part + 1})" if part else "")] = failure
 
 
 def failures_of(tally: Tally) -> list[Failure]:

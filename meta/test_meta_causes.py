@@ -319,3 +319,43 @@ def test_a_symptom_joins_the_larger_diagnosis_and_another_symptom_stays_apart():
         (("gqa-consistency",), (), "matches the golden with query head h reading kv head h % Hkv"),
         (("spread-rows",), (), "forward lse (off)"),
     ]
+
+
+def _softmax_without_max(q, k, v, *, causal=False, scale=None):
+    """exp(s) unshifted: inf/NaN where the logits overflow float32."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    e = torch.exp((q @ k.transpose(-1, -2)) * scale)
+    total = e.sum(-1, keepdim=True)
+    return e @ v / total, torch.log(total).squeeze(-1)
+
+
+def test_distinct_failures_of_one_property_are_reported_whole_and_diagnosed(monkeypatch: pytest.MonkeyPatch):
+    """A property failing at two places (Hypothesis raises the group of its distinct failures): each
+    is reported with its diagnoses, a property's own check (no comparison with the golden) with
+    those of its problem's plain call, and both are one cause of one property."""
+    from flashprop.harness import check
+    from hypothesis import Phase
+    from hypothesis import strategies as st
+
+    monkeypatch.setattr(check, "OVERRIDES", {"database": None, "phases": [Phase.explicit]})
+    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    kernel = _kernel("meta-no-max", _softmax_without_max, dtypes=frozenset({torch.float32}), backward=False)
+    prop, overflowing = "meta-two-sites", Problem(nq=1, nk=1, d=4, dv=4, dist="overflow")
+
+    def two_sites(kernel: Kernel, p: Problem) -> None:
+        out = run_kernel(kernel, p, prop)
+        if p.nk > 1:  # a check of its own: no error, symptom or diagnosis in its record
+            raise PropertyFailure(failure(kernel, p, prop, ["o is not finite"]))
+        assert_close_to_golden(kernel, p, prop, out, ("o", "lse"))
+
+    with pytest.raises(Exception) as raised:  # the group of its distinct failures Hypothesis raises
+        check.run_property(kernel, prop, st.just(overflowing), two_sites,
+                           explicit=(overflowing, overflowing.replace(nk=2)))
+    members = raised.value.exceptions
+    assert len(members) == 2 and all(isinstance(e, PropertyFailure) for e in members), members
+    softmax = "diagnosis: a softmax without its max subtraction: "
+    assert all(e.failure.diagnoses[0].startswith(softmax) for e in members), [str(e) for e in members]
+    own = next(e.failure for e in members if "o is not finite" in e.failure.details)
+    assert own.details[-1].startswith("its call on this problem alone is off the golden: o (NaN)"), own
+    (only,) = report.failure_groups()
+    assert only.properties == (prop,) and only.cause == "a softmax without its max subtraction", only
