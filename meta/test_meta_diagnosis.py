@@ -254,6 +254,24 @@ def test_overflow_is_not_claimed_without_its_evidence(fn, problem: Problem):
     assert not any("max subtraction" in line for line in diagnoses), diagnoses
 
 
+def test_a_row_whose_exp_underflows_is_not_a_masked_row():
+    """No max subtraction, causal, Nq = Nk + 1, every logit far below -88: the one row that sees a
+    key underflows to o = 0, lse = -inf, as if the diagonal were excluded; that neighbour differs
+    from the golden on that row alone, past exp's range, so the diagnosis is the softmax's."""
+    def causal_exp_without_max(q, k, v, *, causal=False, scale=None):
+        s = (q.shape[-1] ** -0.5 if scale is None else scale) * (q.float() @ k.float().transpose(-1, -2))
+        rows, cols = torch.arange(q.shape[2])[:, None], torch.arange(k.shape[2])[None, :]
+        p = torch.exp(s).masked_fill(causal & (cols > rows + k.shape[2] - q.shape[2]), 0.0)
+        total = p.sum(-1, keepdim=True)  # 0 on a row that sees no key, and where every exp underflows
+        o = torch.where(total > 0, p @ v.float() / total.clamp_min(1e-38), 0.0)
+        return o.to(q.dtype), torch.log(total)[..., 0]
+
+    problem = Problem(nq=2, nk=1, d=1, dv=1, causal=True, dist="underflow")
+    diagnoses = _diagnoses(_kernel("meta-nomax-causal", causal_exp_without_max), problem, ("o", "lse"))
+    assert diagnoses and "a softmax without its max subtraction" in diagnoses[0], diagnoses
+    assert not any("diagonal excluded" in line for line in diagnoses), diagnoses
+
+
 def test_a_correct_kernel_is_not_diagnosed_and_arithmetic_bugs_get_no_convention():
     """A kernel off by plain arithmetic (o scaled by 1.01) matches no neighbouring convention."""
     kernel = _kernel("meta-off", lambda q, k, v, *, causal=False, scale=None: (
