@@ -23,7 +23,8 @@ A failure is a record (:class:`harness.failures.Failure`), made where the proper
 Two failures of one kernel with equal keys share a cause. A group of key 2 whose every member
 also has, among its diagnoses, the key of a larger group of key 2 joins that group (one problem
 can fit two conventions: at Nq = Nk + 1 a causal mask one key early is the top-left one, and the
-diagnosis that explains every failure is the cause). A group of key 3 (a symptom, no
+diagnosis that explains every failure is the cause; the group shows a report that names it
+first). A group of key 3 (a symptom, no
 diagnosis) joins a group of key 2 of its kernel when a member of that group has the same symptom
 key, or one whose :func:`harness.symptoms.undirected` is it (a comparison made without its
 tensors does not know lse's direction): the large
@@ -192,9 +193,12 @@ def group(failures: Iterable[Failure]) -> list[Group]:
         rule[(f.kernel, found.key)] = found.rule
         if found.rule > 1:
             mismatch.setdefault((f.kernel, f.problem), (f.kernel, found.key))
+    second: set[int] = set()  # failures whose cause is a diagnosis of theirs other than the first
     for place, target in _by_shared_diagnosis(named, rule).items():
         worded = named[target][0][1]  # the target's clause, as its first member words it
-        named[target] += [(f, _clause_like(f, target[1], worded)) for f, _ in named.pop(place)]
+        moved = named.pop(place)
+        second |= {id(f) for f, _ in moved}
+        named[target] += [(f, _clause_like(f, target[1], worded)) for f, _ in moved]
         mismatch = {where: target if key == place else key for where, key in mismatch.items()}
     joined: dict[tuple[str, str], list[Failure]] = {}
     by_problem: dict[tuple[str, str], list[Failure]] = {}
@@ -211,8 +215,8 @@ def group(failures: Iterable[Failure]) -> list[Group]:
     for place, target in _by_symptom(named, rule, joined).items():
         inferred.setdefault(target, []).extend([*(f for f, _ in named.pop(place)), *joined.pop(place, [])])
     groups: list[Group] = []
-    for (kernel, key), members in named.items():
-        smallest = _smallest([f for f, _ in members])
+    for (kernel, key), members in named.items():  # shown: a report whose first diagnosis is the cause
+        smallest = _smallest([f for f, _ in members if id(f) not in second] or [f for f, _ in members])
         line = next(line for f, line in members if f is smallest)
         own = {*(f.prop for f, _ in members), *(f.prop for f in joined.get((kernel, key), []))}
         guessed = sorted({f.prop for f in inferred.get((kernel, key), [])} - own)  # a property once

@@ -92,7 +92,8 @@ def _causal_one_key_early(q, k, v, *, causal=False, scale=None, **variants):
 def test_a_diagnosis_every_member_has_joins_the_larger_cause():
     """A causal mask one key early: at Nq = Nk + 1 it is also the top-left mask, and that problem
     is diagnosed top-left first; its failure joins the cause that explains them all (one key past
-    the diagonal), whose headline stays, rather than an entry telling to declare top-left."""
+    the diagonal), rather than an entry telling to declare top-left, and the report shown is one
+    whose first diagnosis is that cause, though that problem is the smallest."""
     kernel = _kernel("meta-one-key-early", _causal_one_key_early)
     square = Problem(nq=4, nk=4, d=8, dv=8, causal=True)
     failures = [
@@ -106,7 +107,7 @@ def test_a_diagnosis_every_member_has_joins_the_larger_cause():
     early = ("matches the causal golden with one key past the diagonal visible (key j visible iff "
              "j <= i + Nk - Nq")
     assert only.cause == f"{early} + #, the mask one row early)", only.cause
-    assert only.smallest.prop == "single-token", only.smallest
+    assert only.smallest.prop == "forward", only.smallest  # its report names the cause first
     assert only.headline == f"{early} + 1, the mask one row early)", only.headline
 
 
