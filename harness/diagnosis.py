@@ -275,11 +275,13 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
     float16 where P is cast to it for the PV product; float64 for float64 problems) on the rows
     whose lse exceeds ln(max T), and underflows (to subnormals, or to 0) on rows whose largest
     logit lies below ln(smallest normal T) (at least lse - ln Nk). The rows off the golden are
-    rows of such logits (a margin of 1), and so is every row surely past T's range. With no row
-    of small logits to be right on, the rows off must carry the failure's own marks: inf or NaN,
-    o = 0 exactly (every term underflowed), or an error that T's subnormals can make: each of
-    Nk terms rounded to its spacing ``tiny * eps`` moves o by at most
-    ``Nk * tiny * eps * 2 max|V| / exp(lse)``."""
+    rows of such logits (a margin of 1), and so is every row surely past T's range. The rows off
+    must carry the failure's own marks: inf or NaN, o = 0 exactly (every term underflowed), or,
+    on rows whose logits lie within T's subnormals, an error that they can make (each of Nk
+    terms rounded to its spacing ``tiny * eps`` moves o by at most
+    ``Nk * tiny * eps * 2 max|V| / exp(lse)``) with an lse not above the golden's (lost terms
+    only shrink the sum): a row off with a finite lse far above the golden's saw a key it
+    should not, whatever its logits."""
     g_lse = golden[1].detach().to(torch.float64).cpu()
     o64, g64 = _rows(p, o), _rows(p, golden[0])
     seen = torch.isfinite(g_lse)
@@ -304,12 +306,15 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
         small = seen & ~over & ~under
         if (off & small).any() or (sure & ~off).any():
             continue
-        if not small.any():  # no row to be right on: only the failure's own marks count
-            err = torch.where(torch.isfinite(o64), (o64 - g64).abs(), 0).amax(-1)
-            grain = info.tiny * info.eps * max(_keys(p), 1) * 2 * big_v * torch.exp(-g_lse)
-            marked = nonfinite | (o64 == 0).all(-1) | (under & (err <= grain + limits["o"]))
-            if not bool(marked[off].all()):
-                continue
+        # every row off carries the failure's own marks: inf or NaN, o = 0 (every term lost), or
+        # (logits within T's subnormals) an error rounding to them makes, lse not above the golden's
+        err = torch.where(torch.isfinite(o64), (o64 - g64).abs(), 0).amax(-1)
+        grain = info.tiny * info.eps * max(_keys(p), 1) * 2 * big_v * torch.exp(-g_lse)
+        rounded = under & ~sure & (err <= grain + limits["o"])
+        if lse is not None:
+            rounded &= lse.detach().to(torch.float64).cpu() <= g_lse + limits.get("lse", math.inf)
+        if not bool((nonfinite | (o64 == 0).all(-1) | rounded)[off].all()):
+            continue
         where = []
         if (off & over).any():
             top = float(g_lse[off & over].max())
@@ -326,11 +331,13 @@ def _overflow(p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Gol
     return []
 
 
-def _only_past_exp(alt: Golden, p: Problem, golden: Golden, limits: dict[str, float]) -> bool:
+def _only_past_exp(alt: Golden, p: Problem, o: torch.Tensor, lse: torch.Tensor | None, golden: Golden,
+                   limits: dict[str, float]) -> bool:
     """Whether a neighbour's golden ``alt`` differs from the golden only on rows whose logits lie
-    past exp's range in the working dtype (float32; float64 for float64 problems): rows where
-    the golden's lse is above ln(max) or below ln(smallest normal) + ln(Nk) (a margin of 1, as
-    :func:`_overflow`'s). There an exp that overflows or underflows matches it by accident (a row
+    past exp's range in the working dtype (float32; float64 for float64 problems: the golden's lse
+    above ln(max) or below ln(smallest normal) + ln(Nk), a margin of 1, as :func:`_overflow`'s),
+    where the kernel's o and lse bear the marks of an exp out of range (inf or NaN, or a row with
+    o = 0 and lse = -inf). There an exp that overflows or underflows matches it by accident (a row
     whose every term underflows is a row that sees no key: the diagonal excluded, at Nq > Nk), so
     the match is no evidence of the convention."""
     g_lse = golden[1].detach().to(torch.float64).cpu()
@@ -339,7 +346,15 @@ def _only_past_exp(alt: Golden, p: Problem, golden: Golden, limits: dict[str, fl
     info = torch.finfo(torch.float64 if p.dtype == torch.float64 else torch.float32)
     past = torch.isfinite(g_lse) & ((g_lse > math.log(info.max) - 1)
                                     | (g_lse < math.log(info.tiny) + math.log(max(_keys(p), 1)) + 1))
-    return bool(differs.any()) and not bool((differs & ~past).any())
+    o64 = _rows(p, o)
+    empty = (o64 == 0).all(-1)
+    if lse is not None:
+        kernel_lse = lse.detach().to(torch.float64).cpu()
+        empty &= kernel_lse == -math.inf
+    marked = ~torch.isfinite(o64).all(-1) | empty
+    if lse is not None:
+        marked |= torch.isnan(kernel_lse) | (kernel_lse == math.inf)
+    return bool(differs.any()) and not bool((differs & ~(past & marked)).any())
 
 
 def _float32_only(p: Problem, out_o, out_lse, golden: Golden, inputs: KernelInputs,
@@ -399,7 +414,7 @@ def diagnose(p: Problem, alignment: str, o: torch.Tensor, lse: torch.Tensor | No
             continue
         alt_o, alt_lse = lifted(p, n.dense(p, alignment), inputs, alignment)
         if (_within(o, alt_o, limits["o"]) and _within(lse, alt_lse, limits.get("lse", math.inf))
-                and not _only_past_exp((alt_o, alt_lse), p, golden, limits)):
+                and not _only_past_exp((alt_o, alt_lse), p, o, lse, golden, limits)):
             found.append(n.message(p, alignment))
     if lse is not None and lse.shape != golden[1].shape:
         lse = None  # judged on o alone (the comparison of lse reports its shape)

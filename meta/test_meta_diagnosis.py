@@ -167,6 +167,9 @@ CASES = [
     (_causal(-1, "top-left"), dict(causal_alignment="top-left"), Problem(nq=7, nk=5, d=8, dv=8, **CAUSAL),
      "diagonal excluded (key j visible iff j < i,"),
     (_causal(1), {}, Problem(nq=6, nk=6, d=8, dv=8, **CAUSAL), "one key past the diagonal"),
+    # the logits of row 0 underflow float32 (lse -215): a mask, not the max subtraction, moved it
+    (_causal(1), {}, Problem(nq=2, nk=2, d=1, dv=1, dist="large", **CAUSAL), "one key past the diagonal"),
+    (_causal(-1), {}, Problem(nq=3, nk=3, d=1, dv=1, dist="underflow", **CAUSAL), "diagonal excluded"),
     (exp_without_max, {}, Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large"),
      "without its max subtraction: the output is inf/NaN on the"),
     (exp_without_max, {}, Problem(b=2, hq=2, nq=6, nk=4, d=16, dv=8, dist="negative"),
@@ -245,11 +248,14 @@ def _off_by(factor: float, shift: float):
 @pytest.mark.parametrize(("fn", "problem"), [
     (_off_by(1.01, 0.0), Problem(b=2, hq=2, nq=6, nk=6, d=8, dv=8, dist="large")),
     (_off_by(1.0, 100.0), Problem(nq=1, nk=1, d=1, dv=1, dtype=torch.float16, dist="negative")),
-], ids=["small-rows-off", "one-row-off-finite"])
+    (_causal(1), Problem(nq=2, nk=2, d=1, dv=1, causal=True, dist="large")),
+], ids=["small-rows-off", "one-row-off-finite", "underflowing-row-sees-a-key-more"])
 def test_overflow_is_not_claimed_without_its_evidence(fn, problem: Problem):
     """Overflowing rows and o off elsewhere too; one row of tiny logits whose o is off by more
     than rounding to subnormals could make it (nothing to be right on, no mark of an overflow or
-    underflow): not the missing max subtraction."""
+    underflow); the one row whose logits underflow off, with an lse far above the golden's (it
+    sees a key more: a right row beside it is no evidence then): not the missing max
+    subtraction."""
     diagnoses = _diagnoses(_kernel("meta-off", fn), problem, ("o", "lse"))
     assert not any("max subtraction" in line for line in diagnoses), diagnoses
 
