@@ -184,8 +184,9 @@ def import_file(name: str, path: Path):
 
 def _import_module(spec: str, target: str):
     """Import ``target`` (a module name, or a path ending in ``.py``). A target that does not exist
-    (or a path without ``.py``: a folder's, say) raises :class:`KernelSpecError`; one that exists
-    but fails to import (a package it needs is missing, an error in its code) raises
+    (or a path without ``.py``: a folder's, say) or does not compile (a ``SyntaxError``: the run
+    would test nothing, and must not pass) raises :class:`KernelSpecError`; one that compiles but
+    fails to import (a package it needs is missing, an error in its module code) raises
     :class:`KernelUnavailable` with the error."""
     if target.endswith(".py"):
         path = Path(target).resolve()
@@ -194,6 +195,8 @@ def _import_module(spec: str, target: str):
             raise KernelSpecError(f"kernel {spec}: file {target} does not exist ({listing})")
         try:
             return import_file(f"flashprop_user_{path.stem}", path)
+        except SyntaxError as err:
+            raise KernelSpecError(f"kernel {spec}: {target} does not compile: {_syntax_line(err)}") from None
         except Exception as err:
             raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
     if "/" in target or "\\" in target or target.startswith("."):  # a path, not a module name
@@ -213,6 +216,12 @@ def _import_module(spec: str, target: str):
         raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
     except Exception as err:
         raise KernelUnavailable(f"kernel {spec}: importing {target} failed: {_error_line(err)}") from err
+
+
+def _syntax_line(err: SyntaxError) -> str:
+    """``SyntaxError: message (file.py, line N)``."""
+    where = f" ({Path(err.filename).name}, line {err.lineno})" if err.filename else ""
+    return f"{type(err).__name__}: {err.msg}{where}"
 
 
 def _error_line(err: BaseException) -> str:

@@ -42,13 +42,15 @@ GOOD = "from flashprop.refimpl.blocked import attention as attn\n"
     (["./good.py:attn", "--time", "0s"], "--time: a time box of '0s' is no time"),
     (["./sub:attn"], "./sub is a folder; a kernel file is named path/to/file.py:attr ("),
     (["./good:attn"], "./good is not a file; did you mean ./good.py:attn?"),
+    (["./typo.py:attn"], "./typo.py does not compile: SyntaxError: "),
 ], ids=["no-file", "no-attribute", "no-module", "no-attr-part", "negative-examples", "zero-examples",
-        "unknown-property", "bad-time", "zero-time", "a-folder", "no-py-suffix"])
+        "unknown-property", "bad-time", "zero-time", "a-folder", "no-py-suffix", "syntax-error"])
 def test_bad_input_to_flashprop_fuzz_is_one_line_and_exit_2(
     args: list[str], says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture,
 ):
     (tmp_path / "good.py").write_text(GOOD)
+    (tmp_path / "typo.py").write_text("def attn(q, k, v)\n    return q\n")  # the colon missing
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path)
     try:
@@ -61,6 +63,8 @@ def test_bad_input_to_flashprop_fuzz_is_one_line_and_exit_2(
     assert err.startswith("flashprop fuzz: ") and says in err, err
     if args[0] == "./nope.py:attn":
         assert "holds good.py" in err, err  # what the folder holds
+    if args[0] == "./typo.py:attn":
+        assert "(typo.py, line 1)" in err, err
 
 
 def test_properties_lists_only_real_modules():
