@@ -9,25 +9,21 @@ from __future__ import annotations
 
 import math
 
-import flashprop.properties.test_error_contract as error_contract
 import pytest
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities
 from flashprop.contract.problem import Problem
-from flashprop.contract.registry import Kernel
 from flashprop.contract.validate import check_dropout
-from flashprop.harness.check import PropertyFailure
-from flashprop.harness.report import forget
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
 from flashprop.harness.variant_problems import variant_axes, variant_problems
-from flashprop.meta.test_meta_variants import EVERYTHING, definition
+from flashprop.meta.test_meta_variants import EVERYTHING, definition, run_variant_error_contract
 from flashprop.properties.test_dropout import FALSE_ALARM, _bernstein
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention
 from flashprop.refimpl.dropout import Dropout, dropout_hash, dropout_mask, dropout_of, threshold
 from flashprop.refimpl.layouts import varlen_golden
-from hypothesis import Phase, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.meta
@@ -246,20 +242,4 @@ def test_the_error_contract_draws_undeclared_dropout(fn, caught):
     caps = Capabilities(dtypes=frozenset({torch.float32}), devices=frozenset({"cpu"}), window=True,
                         softcap=True, alibi=ALIBI_SHAPES, sinks=True, fp8=EVERYTHING.fp8)
     assert variant_axes(caps) == ["dropout"]
-    name = f"meta-dropout-{fn.__name__}"
-    kernel = Kernel(name=name, fn=fn, capabilities=caps)
-    prop = error_contract.test_undeclared_variant_raises_clear_error_or_is_correct
-    sizes = Sizes(max_n=6, max_batch=1, max_kv_heads=1, max_group=2, max_head_dim=8, max_work=10_000)
-    saved = settings.default
-    settings.register_profile("flashprop-meta-dropout", saved, max_examples=8, phases=[Phase.generate])
-    settings.load_profile("flashprop-meta-dropout")
-    try:
-        if caught:
-            with pytest.raises(PropertyFailure, match="variant-error-contract"):
-                prop(kernel, "cpu", sizes)
-        else:
-            prop(kernel, "cpu", sizes)
-    finally:
-        settings.register_profile("flashprop-meta-dropout-saved", saved)
-        settings.load_profile("flashprop-meta-dropout-saved")
-        forget(name)
+    run_variant_error_contract(f"meta-dropout-{fn.__name__}", fn, caps, caught)

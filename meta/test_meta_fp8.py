@@ -16,26 +16,22 @@
 
 from __future__ import annotations
 
-import flashprop.properties.test_error_contract as error_contract
 import pytest
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities
 from flashprop.contract.fp8 import FORMATS, OUTPUT_DTYPE, quantise
 from flashprop.contract.outputs import mismatches, output_dtype
 from flashprop.contract.problem import Problem
-from flashprop.contract.registry import Kernel
 from flashprop.contract.validate import check_cache_scales, check_fp8
-from flashprop.harness.check import PropertyFailure
-from flashprop.harness.report import forget
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
 from flashprop.harness.variant_problems import variant_axes, variant_problems
-from flashprop.meta.test_meta_variants import EVERYTHING, _close, definition
+from flashprop.meta.test_meta_variants import EVERYTHING, _close, definition, run_variant_error_contract
 from flashprop.refimpl import attention_golden, attention_yardstick
 from flashprop.refimpl.blocked import TILES, attention
 from flashprop.refimpl.golden import attention_rounding_bound
 from flashprop.refimpl.layouts import kvcache_golden, varlen_golden
-from hypothesis import Phase, given, settings
+from hypothesis import given, settings
 
 pytestmark = pytest.mark.meta
 
@@ -328,20 +324,4 @@ def test_the_error_contract_draws_undeclared_fp8(fn, caught):
     caps = Capabilities(dtypes=frozenset({torch.float32}), devices=frozenset({"cpu"}), window=True,
                         softcap=True, alibi=ALIBI_SHAPES, sinks=True, dropout=True)
     assert variant_axes(caps) == ["fp8"]
-    name = f"meta-fp8-{fn.__name__}"
-    kernel = Kernel(name=name, fn=fn, capabilities=caps)
-    prop = error_contract.test_undeclared_variant_raises_clear_error_or_is_correct
-    sizes = Sizes(max_n=6, max_batch=1, max_kv_heads=1, max_group=2, max_head_dim=8, max_work=10_000)
-    saved = settings.default
-    settings.register_profile("flashprop-meta-fp8", saved, max_examples=8, phases=[Phase.generate])
-    settings.load_profile("flashprop-meta-fp8")
-    try:
-        if caught:
-            with pytest.raises(PropertyFailure, match="variant-error-contract"):
-                prop(kernel, "cpu", sizes)
-        else:
-            prop(kernel, "cpu", sizes)
-    finally:
-        settings.register_profile("flashprop-meta-fp8-saved", saved)
-        settings.load_profile("flashprop-meta-fp8-saved")
-        forget(name)
+    run_variant_error_contract(f"meta-fp8-{fn.__name__}", fn, caps, caught)

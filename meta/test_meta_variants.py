@@ -10,20 +10,25 @@ backward (dsinks included), within the float64 floor.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
+import flashprop.properties.test_error_contract as error_contract
 import pytest
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache
 from flashprop.contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS
 from flashprop.contract.problem import Problem
+from flashprop.contract.registry import Kernel
 from flashprop.contract.variants import MODIFIERS, TABLE, Variant
+from flashprop.harness.check import PropertyFailure
+from flashprop.harness.report import forget
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
 from flashprop.harness.variant_problems import variant_problems
 from flashprop.refimpl import attention_golden, attention_golden_backward
 from flashprop.refimpl.layouts import kvcache_golden, varlen_golden, varlen_golden_backward
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.meta
@@ -219,6 +224,28 @@ def test_each_row_of_the_variant_table_holds_for_its_problems(row: Variant):
 
         backward()
         assert found and all(reason is None for reason in found), found
+
+
+def run_variant_error_contract(name: str, fn: Callable, caps: Capabilities, caught: bool) -> None:
+    """The variant error contract on the stand-in kernel ``fn`` declaring ``caps``: 8 generated
+    examples of tiny problems under a profile of their own (the loaded one restored after);
+    ``caught``: the property must fail, else pass. The stand-in's tallies are forgotten."""
+    kernel = Kernel(name=name, fn=fn, capabilities=caps)
+    prop = error_contract.test_undeclared_variant_raises_clear_error_or_is_correct
+    sizes = Sizes(max_n=6, max_batch=1, max_kv_heads=1, max_group=2, max_head_dim=8, max_work=10_000)
+    saved = settings.default
+    settings.register_profile(f"flashprop-{name}", saved, max_examples=8, phases=[Phase.generate])
+    settings.load_profile(f"flashprop-{name}")
+    try:
+        if caught:
+            with pytest.raises(PropertyFailure, match="variant-error-contract"):
+                prop(kernel, "cpu", sizes)
+        else:
+            prop(kernel, "cpu", sizes)
+    finally:
+        settings.register_profile(f"flashprop-{name}-saved", saved)
+        settings.load_profile(f"flashprop-{name}-saved")
+        forget(name)
 
 
 def _without(name: str) -> dict:
