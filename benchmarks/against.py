@@ -49,7 +49,7 @@ from flashprop.contract.validate import CLEAR_ERRORS
 
 from .ab import DEFAULT_CONFIDENCE, FASTER, OK, REGRESSION, UNCLEAR, ratio_interval, verdict
 from .bench_attention import make_call, skip_reason, unsupported_reason
-from .conftest import grid_from, option_or_env
+from .conftest import grid_from, option_or_env, reported_launch
 from .grid import SUBSETS, Config, configs
 from .history import HISTORY_NAME, Record, append, context
 from .revision import RevisionError, commit_of, describe, import_kernel_at, repository_root, worktree
@@ -133,7 +133,7 @@ def compare(candidate: Kernel, base: Kernel, cfg: Config, device: str,
             call = make_call(kern, cfg)
             warm.append(warm_up(call, device, setup))
             calls.append(call)
-            launches.append(reported_launch(kern))
+            launches.append(reported_launch(kern.fn))
         except CLEAR_ERRORS as err:
             return Comparison(**row, verdict=SKIPPED, reason=f"{kern.name} refused it: "
                               f"{type(err).__name__}: {err}")
@@ -149,12 +149,6 @@ def compare(candidate: Kernel, base: Kernel, cfg: Config, device: str,
                       candidate_times=c_times, base_times=b_times, candidate_launch=launches[0],
                       base_launch=launches[1])
 
-
-def reported_launch(kern: Kernel) -> dict[str, str]:
-    """What the kernel says it launched last (``last_launch()`` of its entry point: the triton
-    kernel's tiles per pass, tuned or fixed), or ``{}`` for a kernel that does not say."""
-    last = getattr(kern.fn, "last_launch", None)
-    return dict(last()) if callable(last) else {}
 
 
 def table(rows: list[Comparison], confidence: float = DEFAULT_CONFIDENCE) -> list[str]:

@@ -50,11 +50,13 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
                          lambda device: configs(GPU_DECODE if device == "cuda" else CPU_DECODE, device))
 
 
-def make_call(kern: Kernel, cfg: DecodeConfig) -> Callable[[], object]:
+def make_call(kern: Kernel, cfg: DecodeConfig, **settings: object) -> Callable[[], object]:
     """The timed callable: the kernel's decode entry point on the row's cache, under no_grad,
-    with ``num_splits`` 0 (the kernel chooses) unless the planted slowdown says 1."""
+    with ``num_splits`` 0 (the kernel chooses) unless the planted slowdown says 1; ``settings``
+    (``num_splits``, ``block_n``: ``ci/decode_tuning.py``'s sweep) replace those keywords."""
     args, kw = cfg.inputs()
     kw["num_splits"] = planted_splits(cfg)
+    kw.update(settings)
 
     def decode() -> object:
         with torch.no_grad():

@@ -39,7 +39,7 @@ from flashprop.harness import compile_locks
 from flashprop.harness.compile_locks import STATS
 from flashprop.harness.scale_problems import undeclared_reason
 
-from .conftest import BenchState, bench_device, kernel_names
+from .conftest import BenchState, bench_device, kernel_names, reported_launch
 from .schema import Row
 from .timing import cuda_event_timer, rounds_for, warm_up
 
@@ -142,8 +142,7 @@ def test_first_call(step: tuple[str, Shape], benchmark, bench_state: BenchState,
     if benchmark.disabled:
         return
     steady = benchmark.stats.stats.median
-    last_launch = getattr(kern.fn, "last_launch", None)
-    launch = last_launch() if callable(last_launch) else None
+    launch = reported_launch(kern.fn) or None
     row = Row(kernel=name, config=f"first call {shape.label}: fwd+bwd d{HEAD_DIM} full N{shape.n} bf16",
               device="cuda", mode="fwd+bwd", n=shape.n, d=HEAD_DIM, causal=False, dtype="bfloat16",
               b=shape.b, h=shape.h, median_s=steady, host_s=warm.host_seconds, launch=launch,

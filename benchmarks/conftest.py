@@ -217,9 +217,15 @@ def measure_row(benchmark, state: BenchState, name: str, label: str, make: Calla
     benchmark.pedantic(call, setup=setup, rounds=rounds_for(warm.seconds, device), iterations=1)
     if benchmark.disabled:
         return None
-    last_launch = getattr(entry(), "last_launch", None) if entry is not None else None
-    launch = last_launch() if callable(last_launch) else None
+    launch = reported_launch(entry()) if entry is not None else None
     return Measured(benchmark.stats.stats.median, warm.host_seconds, launch or None, probed)
+
+
+def reported_launch(entry: object) -> dict[str, str]:
+    """What an entry point says it launched last (its ``last_launch()``: the triton kernel's tiles
+    per pass, tuned or fixed, or its decode splits), or ``{}`` for one that does not say."""
+    last = getattr(entry, "last_launch", None)
+    return dict(last()) if callable(last) else {}
 
 
 def kernel_names(config: pytest.Config) -> tuple[str, ...]:

@@ -34,6 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flashprop.contract.registry import load_kernel
 from flashprop.contract.validate import CLEAR_ERRORS
 
+from benchmarks.bench_decode import make_call
+from benchmarks.conftest import reported_launch
 from benchmarks.decode import CPU_DECODE, GPU_DECODE, DecodeConfig, configs, copy_call
 from benchmarks.timing import RoundSetup, median_seconds
 
@@ -83,22 +85,13 @@ def rows_for(words: list[str], device: str) -> list[DecodeConfig]:
 def time_setting(kern, cfg: DecodeConfig, splits: int, block_n: int | None, copy_bps: float,
                  device: str, setup: RoundSetup) -> Setting:
     """Time the decode entry point on ``cfg`` with ``num_splits=splits`` (and ``block_n``)."""
-    args, kw = cfg.inputs()
-    kw["num_splits"] = splits
-    if block_n is not None:
-        kw["block_n"] = block_n
-
-    def call() -> object:
-        with torch.no_grad():
-            return kern.call("kvcache", args, kw)[0]
-
+    tile = {} if block_n is None else {"block_n": block_n}
     try:
-        seconds = median_seconds(call, device, setup)
+        seconds = median_seconds(make_call(kern, cfg, num_splits=splits, **tile), device, setup)
     except (*CLEAR_ERRORS, torch.cuda.OutOfMemoryError) as err:
         reason = f"{type(err).__name__}: {err}"
         return Setting(cfg.label, splits, block_n, None, cfg.bytes_read, None, "", reason)
-    last_launch = getattr(kern.entry("kvcache"), "last_launch", None)
-    launch = "; ".join((last_launch() if callable(last_launch) else {}).values())
+    launch = "; ".join(reported_launch(kern.entry("kvcache")).values())
     return Setting(cfg.label, splits, block_n, seconds, cfg.bytes_read,
                    cfg.bytes_read / seconds / copy_bps, launch)
 
