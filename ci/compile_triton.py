@@ -46,14 +46,18 @@ from triton.compiler import ASTSource
 TARGET = GPUTarget("cuda", 90, 32)
 #: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.
 POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE", "Slopes", "Sinks",
-            "Table", "Lengths", "OPart", "LSEPart"}
+            "Descale", "Table", "Lengths", "OPart", "LSEPart"}
 FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
-#: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md).
-ALWAYS_FP32_POINTERS = {"Slopes", "Sinks"}
+#: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md); FP8's descales.
+ALWAYS_FP32_POINTERS = {"Slopes", "Sinks", "Descale"}
 #: The int32 index tensors: a varlen launch's cu_seqlens, the decode kernels' block table and
 #: cache lengths.
 INDEX_POINTERS = {"CuSeqQ", "CuSeqK", "Table", "Lengths"}
-FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2"}
+FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2", "drop_scale"}
+#: The dropout's seed words and threshold (annotated int64 in the kernels).
+INT64_SCALARS = {"seed_lo", "seed_hi", "drop_threshold"}
+#: FP8 inputs (q, k, v) of the forward; its o is bf16.
+FP8_INPUTS = {"Q", "K", "V"}
 WINDOW_SIDES = {"win_left", "win_right"}
 DTYPE = torch.bfloat16
 
@@ -68,15 +72,18 @@ def _boxes(constants: dict) -> dict[str, tuple[int, int]]:
 
 
 def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
-    """Triton's type string per parameter: pointers (to ``pointer`` elements) or tensor
-    descriptors, fp64 scales, constexprs, else i32."""
+    """Triton's type string per parameter: pointers (to ``pointer`` elements; an FP8 ``pointer``,
+    fp8e4nv or fp8e5, is q's, k's and v's, o bf16) or tensor descriptors, fp64 scales, the
+    dropout's int64 words, constexprs, else i32."""
     out = {}
     boxes = _boxes(constants)
+    fp8 = pointer.startswith("fp8")
     for name in fn.arg_names:
+        element = pointer if not fp8 or name in FP8_INPUTS else "bf16"
         if name in constants:
             out[name] = "constexpr"
         elif name in boxes:
-            out[name] = "tensordesc<bf16[1, 1, {}, {}]>".format(*boxes[name])
+            out[name] = "tensordesc<{}[1, 1, {}, {}]>".format(element, *boxes[name])
         elif name in INDEX_POINTERS:
             out[name] = "*i32"
         elif name in POINTERS:
@@ -87,9 +94,11 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
             elif constants.get("COMBINE") and name in ("Out", "LSE"):  # decode's split partials
                 out[name] = f"*{wide}"
             else:
-                out[name] = f"*{wide}" if name in FP32_POINTERS else f"*{pointer}"
+                out[name] = f"*{wide}" if name in FP32_POINTERS else f"*{element}"
         elif name in FP64_SCALARS:
             out[name] = "fp64"
+        elif name in INT64_SCALARS:
+            out[name] = "i64"
         else:
             out[name] = "i32"
     return out
@@ -104,7 +113,7 @@ def _specialized(fn, constants: dict) -> tuple[dict, dict]:
     attrs = {}
     boxes = _boxes(constants)
     for i, name in enumerate(fn.arg_names):
-        if name in constants or name in FP64_SCALARS or name in boxes:
+        if name in constants or name in FP64_SCALARS or name in INT64_SCALARS or name in boxes:
             continue
         unit = {"stride_ah": constants.get("ALIBI"), "stride_z": constants.get("SINKS")}.get(name)
         if name == "GROUP" or (name.startswith("stride_") and name.endswith("d")) or unit:
@@ -142,17 +151,19 @@ ALL_VARIANTS = {"window": True, "softcap": True, "alibi": True, "sinks": True}
 
 def compile_meta(d: int, dv: int, tma: bool = False, dtype: torch.dtype = DTYPE,
                  causal: bool = True, window: bool = False, softcap: bool = False,
-                 alibi: bool = False, sinks: bool = False, varlen: bool = False) -> dict:
+                 alibi: bool = False, sinks: bool = False, varlen: bool = False,
+                 dropout: bool = False, fp8: bool = False) -> dict:
     """The kernel's own compile-time parameters for a problem of these head dims, dtype (bf16),
     causality (causal) and variants (none; ``varlen``: a pack whose longest sequences are as
-    long) (``tma``: the forward reads through tensor descriptors). A window carries causality
-    itself (``kernels.triton_attention.resolve_band``), so ``window`` turns CAUSAL off."""
+    long; ``dropout``; ``fp8``: FP8 inputs, forward only) (``tma``: the forward reads through tensor
+    descriptors). A window carries causality itself (``kernels.triton_attention.resolve_band``),
+    so ``window`` turns CAUSAL off."""
     q = torch.empty((1, 1, 4096, d), dtype=dtype, device="meta")
     v = torch.empty((1, 1, 4096, dv), dtype=dtype, device="meta")
     meta = ta.launch_meta(q, v, causal=causal and not window, window=window, softcap=softcap,
-                          alibi=alibi, varlen=(4096, 4096) if varlen else None)
+                          alibi=alibi, dropout=dropout, varlen=(4096, 4096) if varlen else None)
     return {**{k: v for k, v in meta.items() if k not in ("head_dim", "head_dim_v")}, "TMA": tma,
-            "SINKS": sinks}
+            "SINKS": sinks, "FP8": fp8}
 
 
 def variant_cases(passes: dict) -> list[tuple]:
@@ -185,6 +196,38 @@ def variant_cases(passes: dict) -> list[tuple]:
     for variant in ("softcap", "alibi"):
         cases.append((f"fwd d=64 64x64 {variant} alone, unspecialised", passes["fwd"].plain,
                       {**compile_meta(64, 64, **{variant: True}), **tiles}, options, False, "bf16"))
+    return cases
+
+
+def dropout_fp8_cases(passes: dict) -> list[tuple]:
+    """Dropout (the hash in uint32, in every pass: explicit tiles with every variant, and the
+    autotuned forward and backward) and the FP8 forward in both formats (pointers and TMA, explicit
+    tiles and the first autotuning config, and with every variant)."""
+    cases = []
+    tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
+    options = ta.explicit_launch_options(64, 64, 64, 64, DTYPE.itemsize)
+    every = compile_meta(64, 64, dropout=True, **ALL_VARIANTS)
+    for name, p in passes.items():
+        cases.append((f"{name} d=64 64x64 dropout, all variants, unspecialised", p.plain, {**every, **tiles},
+                      options, False, "bf16"))
+        config = p.configs[0]
+        meta = {**compile_meta(128, 128, dropout=True), **config.kwargs}
+        cases.append((f"{name} d=128 autotune config {config.kwargs} dropout, specialised", p.jit, meta,
+                      {"num_warps": config.num_warps, "num_stages": config.num_stages}, True, "bf16"))
+    fwd = passes["fwd"]
+    options = ta.explicit_launch_options(64, 64, 64, 64, 1)
+    config = fwd.configs[0]
+    for pointer, dtype in (("fp8e4nv", torch.float8_e4m3fn), ("fp8e5", torch.float8_e5m2)):
+        for tma in (False, True):
+            meta = {**compile_meta(64, 64, tma=tma, dtype=dtype, fp8=True), **tiles}
+            cases.append((f"fwd d=64 64x64 {pointer}{' TMA' if tma else ''}, unspecialised", fwd.plain, meta,
+                          options, False, pointer))
+        meta = {**compile_meta(128, 128, tma=True, dtype=dtype, fp8=True), **config.kwargs}
+        cases.append((f"fwd d=128 autotune config {config.kwargs} {pointer} TMA, specialised", fwd.jit, meta,
+                      {"num_warps": config.num_warps, "num_stages": config.num_stages}, True, pointer))
+    meta = {**compile_meta(64, 64, dtype=torch.float8_e4m3fn, fp8=True, **ALL_VARIANTS), **tiles}
+    cases.append(("fwd d=64 64x64 fp8e4nv all variants, unspecialised", fwd.plain, meta, options, False,
+                  "fp8e4nv"))
     return cases
 
 
@@ -299,6 +342,7 @@ def main() -> int:
     cases.append((f"fwd d=128 autotune config {config.kwargs} TMA, specialised", passes["fwd"].jit, meta,
                   options, True, "bf16"))
     cases += variant_cases(passes)
+    cases += dropout_fp8_cases(passes)
     cases += decode_cases()
     cases += varlen_cases(passes)
 

@@ -398,6 +398,14 @@ class Descales:
     k: torch.Tensor
     v: torch.Tensor
 
+    def per_query_head(self, hq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The factors as the kernels apply them, per batch element and query head (B, Hq)
+        float32: the logits' ``q_descale * k_descale`` (k's alone in decode) and ``v_descale``,
+        query head h taking its kv head's ``h // (Hq // Hkv)``."""
+        group = hq // self.k.shape[1]
+        qk = self.k if self.q is None else self.q * self.k
+        return qk.repeat_interleave(group, dim=1), self.v.repeat_interleave(group, dim=1)
+
 
 def _descale(d: object, name: str, batch: int, kv_heads: int, device: torch.device,
              shapes: Collection[str], contract: tuple[str, ...]) -> torch.Tensor:

@@ -28,9 +28,18 @@ from dataclasses import dataclass
 
 import torch
 import triton
-from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
-from flashprop.contract.validate import INT32_ELEMENTS, Variants, check_variants, check_varlen
-from flashprop.kernels.triton_attention_kernels import INTERPRET
+from flashprop.contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache, Limit
+from flashprop.contract.fp8 import DESCALE_SHAPES, FORMATS, FP8_DTYPES, OUTPUT_DTYPE
+from flashprop.contract.validate import (
+    INT32_ELEMENTS,
+    Descales,
+    Variants,
+    check_dropout,
+    check_fp8,
+    check_variants,
+    check_varlen,
+)
+from flashprop.kernels.triton_attention_kernels import INTERPRET, _dropout_mask
 from flashprop.kernels.triton_attention_launch import (
     _DEFAULT_TILE,
     _MAX_GRID_Y,
@@ -56,7 +65,7 @@ from torch import Tensor
 
 __all__ = [
     "INTERPRET", "PASSES", "PREPROCESS_BLOCK_M", "TILED_PASSES", "TILE_SIZES", "Pass", "Tiles", "Window",
-    "attention", "explicit_launch_options", "last_launch", "launch_meta", "padded_head_dim",
+    "attention", "dropout_mask", "explicit_launch_options", "last_launch", "launch_meta", "padded_head_dim",
     "resolve_band", "resolve_tiles", "varlen", "wide_rows",
 ]
 
@@ -133,8 +142,9 @@ def _check_tensors(q: Tensor, k: Tensor, v: Tensor, layout: str) -> None:
             raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in _ALL_DTYPES:
-        raise TypeError(f"dtype {q.dtype} is not supported (fp16, bf16, fp32, fp64)")
+    if q.dtype not in _ALL_DTYPES and q.dtype not in FP8_DTYPES:
+        raise TypeError(f"dtype {q.dtype} is not supported (fp16, bf16, fp32, fp64; float8_e4m3fn, "
+                        "float8_e5m2 with descales)")
     if not q.device == k.device == v.device:
         raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
     if q.device.type not in ("cpu", "cuda"):
@@ -209,6 +219,9 @@ class _Mods:
         slopes: float32 ALiBi slopes (Hq,) or (B, Hq), or None.
         sinks: float32 sink logits (Hq,), or None.
         pack: the sequences of a varlen call (``VARLEN``), or None: a dense call.
+        dropout: ``(dropout_p, dropout_seed)`` with p > 0 (``DROPOUT``), or None.
+        descale: FP8's contiguous float32 (B * Hq, 2) of ``(q_descale * k_descale, v_descale)``
+            per (batch element or sequence, query head) (``FP8``), or None.
     """
 
     causal: bool
@@ -217,6 +230,8 @@ class _Mods:
     slopes: Tensor | None = None
     sinks: Tensor | None = None
     pack: _Pack | None = None
+    dropout: tuple[float, int] | None = None
+    descale: Tensor | None = None
 
 
 def resolve_band(causal: bool, window: Window, nq: int, nk: int) -> tuple[bool, Window]:
@@ -238,8 +253,9 @@ def resolve_band(causal: bool, window: Window, nq: int, nk: int) -> tuple[bool, 
 
 def _variant_args(spare: Tensor, mods: _Mods, scale: float) -> tuple:
     """The kernels' runtime arguments after their sizes: ``qk_scale`` and the variants' ``win_left,
-    win_right, softcap2, Slopes, stride_ab, stride_ah`` (``triton_attention_kernels._attn_fwd``);
-    an unused pointer points at ``spare`` (any tensor of the call), unused integers are 0."""
+    win_right, softcap2, Slopes, stride_ab, stride_ah`` (``triton_attention_kernels._attn_fwd``; the
+    tiled passes take :func:`_dropout_args` next); an unused pointer points at ``spare`` (any
+    tensor of the call), unused integers are 0."""
     win_left, win_right = mods.window or (0, 0)
     qk_scale = scale / mods.softcap if mods.softcap else scale * LOG2E
     slopes = mods.slopes if mods.slopes is not None else spare
@@ -252,12 +268,22 @@ def _variant_args(spare: Tensor, mods: _Mods, scale: float) -> tuple:
     return qk_scale, win_left, win_right, mods.softcap * LOG2E, slopes, stride_ab, stride_ah
 
 
+def _dropout_args(dropout: tuple[float, int] | None) -> tuple[int, int, int, float]:
+    """``(seed_lo, seed_hi, drop_threshold, drop_scale)`` of ``(dropout_p, dropout_seed)``: the
+    seed's 32-bit words, ``ceil(p 2^32)`` (an entry is kept iff its hash is at least this) and
+    ``1 / (1 - p)``; zeros without dropout."""
+    if dropout is None:
+        return 0, 0, 0, 0.0
+    p, seed = dropout
+    return seed & 0xFFFFFFFF, seed >> 32, math.ceil(p * 2.0**32), 1.0 / (1.0 - p)
+
+
 def _switches(q: Tensor, v: Tensor, mods: _Mods, spare: Tensor) -> dict:
     """:func:`launch_meta` for ``mods``, and the pointer arguments ``CuSeqQ``, ``CuSeqK`` of the
     tiled passes (a dense call's point at ``spare``, any tensor of the call)."""
     pack = mods.pack
     meta = launch_meta(q, v, mods.causal, window=mods.window is not None, softcap=bool(mods.softcap),
-                       alibi=mods.slopes is not None,
+                       alibi=mods.slopes is not None, dropout=mods.dropout is not None,
                        varlen=None if pack is None else (pack.max_q, pack.max_k))
     cu = (spare, spare) if pack is None else (pack.cu_q, pack.cu_k)
     return {**meta, "CuSeqQ": cu[0], "CuSeqK": cu[1]}
@@ -279,28 +305,30 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
              tiles: Tiles) -> tuple[Tensor, Tensor]:
     """(o, lse) in the entry point's layout: dense (B, Hq, Nq, Dv) and (B, Hq, Nq); varlen (a
     ``mods.pack``) token-major (Tq, Hq, Dv) and (Hq, Tq), the packed tensors addressed as one
-    batch element (:func:`_as_batch`) and never through TMA."""
+    batch element (:func:`_as_batch`) and never through TMA. o has q's dtype (bfloat16 for FP8)."""
     pack = mods.pack
     if pack is not None:
         q, k, v = (_as_batch(t) for t in (q, k, v))
     b, hq, nq, _ = q.shape
     hkv, nk, dv = k.shape[1], k.shape[2], v.shape[3]
+    o_dtype = OUTPUT_DTYPE if mods.descale is not None else q.dtype
     if pack is None:
-        o = torch.empty((b, hq, nq, dv), dtype=q.dtype, device=q.device)
+        o = torch.empty((b, hq, nq, dv), dtype=o_dtype, device=q.device)
     else:  # token-major, as the varlen entry point returns it
-        o = _as_batch(torch.empty((nq, hq, dv), dtype=q.dtype, device=q.device))
+        o = _as_batch(torch.empty((nq, hq, dv), dtype=o_dtype, device=q.device))
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = torch.empty((b, hq, nq), dtype=lse_dtype, device=q.device)
     tensors = (q, k, v, o)
     strides = [t.stride() for t in tensors]
     tma = pack is None and _tma_ready(*tensors)
-    meta = {**_switches(q, v, mods, lse), "SINKS": mods.sinks is not None, "TMA": tma,
-            "WIDE_ROWS": not tma and wide_rows(*tensors)}
+    meta = {**_switches(q, v, mods, lse), "SINKS": mods.sinks is not None,
+            "FP8": mods.descale is not None, "TMA": tma, "WIDE_ROWS": not tma and wide_rows(*tensors)}
     if meta["TMA"]:
         tensors = _tma_descriptors(tensors, strides, meta, tiles)
     sinks = (lse, 0) if mods.sinks is None else (mods.sinks, mods.sinks.stride(0))
+    descale = lse if mods.descale is None else mods.descale
     args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk,
-            *_variant_args(lse, mods, scale), *sinks)
+            *_variant_args(lse, mods, scale), *_dropout_args(mods.dropout), *sinks, descale)
     rows_q, _, batch = _grid_sizes(nq, nk, b, pack)
     _launch("fwd", lambda bm, bn: (triton.cdiv(rows_q, bm), batch * hq), args, meta, tiles)
     return (o, lse) if pack is None else (o[0].transpose(0, 1), lse[0])
@@ -335,6 +363,7 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
 
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     qk_scale, *variant = _variant_args(lse, mods, scale)
+    variant += _dropout_args(mods.dropout)
     rows_q, rows_k, batch = _grid_sizes(nq, nk, b, pack)
     _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(rows_k, bn), batch * hkv),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
@@ -359,29 +388,31 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, sinks: Tensor | None, slopes: Tensor | None,
                 causal: bool, window: Window, softcap: float, scale: float,
-                tiles: Tiles, pack: _Pack | None) -> tuple[Tensor, Tensor]:
-        mods = _Mods(causal, window, softcap, slopes, sinks, pack)
+                tiles: Tiles, pack: _Pack | None, dropout: tuple[float, int] | None) -> tuple[Tensor, Tensor]:
+        mods = _Mods(causal, window, softcap, slopes, sinks, pack, dropout)
         o, lse = _forward(q, k, v, mods, scale, tiles)
         ctx.save_for_backward(q, k, v, o, lse, sinks, slopes)
-        ctx.args = (causal, window, softcap, scale, tiles, pack)
+        ctx.args = (causal, window, softcap, scale, tiles, pack, dropout)
         return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do: Tensor, dlse: Tensor):
         q, k, v, o, lse, sinks, slopes = ctx.saved_tensors
-        causal, window, softcap, scale, tiles, pack = ctx.args
-        mods = _Mods(causal, window, softcap, slopes, sinks, pack)
+        causal, window, softcap, scale, tiles, pack, dropout = ctx.args
+        mods = _Mods(causal, window, softcap, slopes, sinks, pack, dropout)
         dq, dk, dv, dsinks = _backward(do, dlse, q, k, v, o, lse, mods, scale, tiles,
                                        sinks is not None and ctx.needs_input_grad[3])
-        return dq, dk, dv, dsinks, None, None, None, None, None, None, None
+        return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
               scale: float | None = None, block_m: int | None = None,
               block_n: int | None = None, window_size: tuple[int, int] | None = None,
               softcap: float = 0.0, alibi_slopes: Tensor | None = None,
-              sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+              sinks: Tensor | None = None, dropout_p: float = 0.0, dropout_seed: int | None = None,
+              q_descale: Tensor | None = None, k_descale: Tensor | None = None,
+              v_descale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Fused FlashAttention-2: returns (o, lse).
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), any strides, Hq % Hkv == 0.
@@ -394,20 +425,30 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
     Variants (``docs/variants.md``, checked by ``contract.validate.check_variants``):
     ``window_size=(left, right)`` (-1: unbounded side), ``softcap`` (0: off), ``alibi_slopes``
-    float32 (Hq,) or (B, Hq), ``sinks`` float32 (Hq,) (a row that sees no key gets lse = z_h).
+    float32 (Hq,) or (B, Hq), ``sinks`` float32 (Hq,) (a row that sees no key gets lse = z_h),
+    ``dropout_p`` with ``dropout_seed`` (an int in [0, 2^64): the contract's keep mask of the
+    seed, the same in the forward and the backward; :func:`dropout_mask` returns it).
+
+    FP8: q, k, v float8_e4m3fn or float8_e5m2 with float32 ``q_descale``, ``k_descale``,
+    ``v_descale`` of shape (), (Hkv,) or (B, Hkv) (FlashAttention-3's; left out: 1), forward only,
+    o in bfloat16; no dropout.
     """
     tiles = _check_inputs(q, k, v, scale, block_m, block_n)
     b, hq, nq, _ = q.shape
     var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
-                         alibi_slopes=alibi_slopes, sinks=sinks)
-    return _attend(q, k, v, var, causal, scale, tiles, (nq, k.shape[2]), None)
+                         alibi_slopes=alibi_slopes, sinks=sinks, dropout_p=dropout_p,
+                         dropout_seed=dropout_seed)
+    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, shapes=_FP8.descales)
+    return _attend(q, k, v, var, descales, causal, scale, tiles, (nq, k.shape[2]), None)
 
 
 def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
            max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
            scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
            window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-           alibi_slopes: Tensor | None = None, sinks: Tensor | None = None) -> tuple[Tensor, Tensor]:
+           alibi_slopes: Tensor | None = None, sinks: Tensor | None = None, dropout_p: float = 0.0,
+           dropout_seed: int | None = None, q_descale: Tensor | None = None,
+           k_descale: Tensor | None = None, v_descale: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Packed sequences (``flash_attn_varlen_func``'s signature): returns (o, lse).
 
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) token-major, any strides; sequence s holds
@@ -418,47 +459,93 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     the window bottom-right aligned, the ALiBi distance, empty rows; (B, Hq) ALiBi slopes give
     sequence s row s. o (Tq, Hq, Dv) token-major in q's dtype, lse (Hq, Tq) in fp32 (fp64);
     differentiable in q, k, v and ``sinks``. Tiles as :func:`attention`'s for the longest
-    sequences."""
+    sequences. Dropout: sequence s's mask is batch element s's, at its own positions; FP8 with
+    (B, Hkv) descales: row s for sequence s."""
     count, tiles = _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k, scale, block_m, block_n)
     var = check_variants(count, q.shape[1], q.device, window_size=window_size, softcap=softcap,
-                         alibi_slopes=alibi_slopes, sinks=sinks)
+                         alibi_slopes=alibi_slopes, sinks=sinks, dropout_p=dropout_p,
+                         dropout_seed=dropout_seed)
+    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, batch=count, shapes=_FP8.descales)
     pack = _Pack(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
                  count)
-    return _attend(q, k, v, var, causal, scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
+    return _attend(q, k, v, var, descales, causal, scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, var: Variants, causal: bool, scale: float | None,
-            tiles: Tiles, lengths: tuple[int, int], pack: _Pack | None) -> tuple[Tensor, Tensor]:
+def _attend(q: Tensor, k: Tensor, v: Tensor, var: Variants, descales: Descales | None, causal: bool,
+            scale: float | None, tiles: Tiles, lengths: tuple[int, int],
+            pack: _Pack | None) -> tuple[Tensor, Tensor]:
     """Both entry points once their inputs are checked: causal and the window folded into the
     kernels' band for queries and keys of ``lengths`` (:func:`resolve_band`; for a pack its
     longest sequences: a side that cuts no key of those cuts none of any sequence, and a
-    finite side the band keeps is exact in every sequence), the default scale 1/sqrt(D)."""
+    finite side the band keeps is exact in every sequence), the default scale 1/sqrt(D); FP8
+    inputs (``descales``) forward only, without autograd."""
     band_causal, window = resolve_band(bool(causal), var.window, *lengths)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    dropout = (var.dropout_p, var.dropout_seed) if var.dropout_p else None
     device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    if descales is not None:
+        if dropout is not None:
+            raise NotImplementedError("dropout of FP8 inputs is not in the contract")
+        if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (q, k, v, var.sinks)):
+            raise NotImplementedError("FP8 inputs are forward only: call with inputs (and sinks) that do "
+                                      "not require grad")
+        factors = torch.stack(descales.per_query_head(q.shape[1]), -1).reshape(-1, 2).contiguous()
+        mods = _Mods(band_causal, window, var.softcap, var.alibi_slopes, var.sinks, pack, None, factors)
+        with device:
+            return _forward(q, k, v, mods, sm_scale, tiles)
     with device:
         return _FlashAttention.apply(q, k, v, var.sinks, var.alibi_slopes, band_causal, window,
-                                     var.softcap, sm_scale, tiles, pack)
+                                     var.softcap, sm_scale, tiles, pack, dropout)
 
 
+def dropout_mask(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, dropout_seed: int | None = None,
+                 **call_keywords: object) -> Tensor:
+    """The keep mask (B, Hq, Nq, Nk), bool, that :func:`attention` applies to the call with these
+    arguments (as FlashAttention's ``return_attn_probs`` exposes its own), written by the same
+    device code (``triton_attention_kernels._dropout_weights``). The call's other keywords
+    (``call_keywords``: causal, scale, tiles, variants) do not change it; entries of keys a query
+    does not see are kept or dropped as if it saw them. All True at p = 0."""
+    _check_tensors(q, k, v, "(B, H, N, D)")
+    p, seed = check_dropout(dropout_p, dropout_seed)
+    b, hq, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    if not p:
+        return torch.ones((b, hq, nq, nk), dtype=torch.bool, device=q.device)
+    mask = torch.empty((b, hq, nq, nk), dtype=torch.int8, device=q.device)
+    seed_lo, seed_hi, threshold, _ = _dropout_args((p, seed))
+    device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    with device:
+        _dropout_mask[(triton.cdiv(nq, _MASK_TILE), b * hq)](mask, seed_lo, seed_hi, threshold, hq, nq, nk,
+                                                             BLOCK_M=_MASK_TILE, BLOCK_N=_MASK_TILE)
+    return mask.bool()
+
+
+#: Query rows and keys per program of the dropout mask kernel.
+_MASK_TILE = 32
+
+
+#: FP8 inputs of both entry points (forward only), in either format, every descale shape; no FP8
+#: KV cache in decode.
+_FP8 = FP8(formats=frozenset(FORMATS), descales=frozenset(DESCALE_SHAPES))
 #: The variants both entry points take, forward and backward, in every combination with causal,
 #: GQA, Dv != D and the declared dtypes; varlen (``attention.varlen``) in any combination with
 #: them; KV-cache decode (``attention.kvcache``, forward only: kernels/triton_decode.py) too.
+#: Dropout is dense and varlen, forward and backward; FP8 forward only.
 _VARIANTS = {"window": True, "softcap": True, "alibi": ALIBI_SHAPES, "sinks": True, "varlen": True,
+             "dropout": True, "fp8": _FP8,
              # the interpreter (CPU time): 8 splits (a program each), pages up to 64 keys
              "kvcache": KVCache(contiguous=True, max_splits=8 if INTERPRET else 128, max_queries=64,
                                 page_sizes=(1, 16, 48, 64) if INTERPRET else (1, 16, 48, 64, 100, 256)),
-             "variant_backward": frozenset({"window", "softcap", "alibi", "sinks", "varlen"})}
+             "variant_backward": frozenset({"window", "softcap", "alibi", "sinks", "varlen", "dropout"})}
 
 
 def _capabilities() -> Capabilities:
     """What ``attention`` declares, chosen at import: under the interpreter CPU tensors in fp16,
     fp32, fp64; compiled, CUDA tensors in all four dtypes; neither (no GPU, no interpreter):
     no device at all. The variants (:data:`_VARIANTS`) everywhere."""
-    bf16_on_cpu = Limit(
+    bf16_on_cpu = Limit(  # FP8 problems' dtype is o's, bfloat16: their dots are FP8
         reason=_BF16_INTERPRETER_REASON,
-        applies=lambda p: p.device == "cpu" and p.dtype == torch.bfloat16,
+        applies=lambda p: p.device == "cpu" and p.dtype == torch.bfloat16 and p.fp8 is None,
     )
     if INTERPRET:
         dtypes = frozenset({torch.float16, torch.float32, torch.float64})
@@ -495,3 +582,4 @@ def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs) -> tuple[Ten
 
 attention.kvcache = _kvcache
 attention.varlen = varlen
+attention.dropout_mask = dropout_mask

@@ -38,8 +38,22 @@ Variants (``docs/variants.md``, the FlashAttention order of operations), with c 
 and in the backward the softcap's derivative, dS <- dS * (1 - tanh^2) (ALiBi and masks are
 additive), and the sinks' gradient dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi (Delta as
 above, dlse included). Key tiles outside a window are skipped by the loop bounds, as the
-causal ones are. Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``,
-``SINKS``, ``VARLEN``): off, the kernels compile exactly the dense code.
+causal ones are.
+
+Dropout (``dropout_p`` p, ``dropout_seed``; ``docs/variants.md``): the probabilities that weight
+V are P * Z with Z = M / (1 - p), M the contract's counter-based keep mask of (seed, b, h, i, j)
+(``refimpl/dropout.py``'s hash, bit for bit, in uint32: ``_dropout_weights``), so the backward
+recomputes Z from the same indices and no mask is stored; l and lse stay the softmax's:
+
+    o = (P * Z) V / l     dV = (P * Z)^T dO     dS = P * (Z * dP - Delta)
+
+FP8 (forward only): q, k, v float8_e4m3fn or float8_e5m2 with descales (FlashAttention-3's
+``q_descale``, ``k_descale``, ``v_descale``): the tiles' products are exact in fp32, the logits
+``scale * q_descale * k_descale * q8 . k8``, P rounded to the FP8 format for P V, and o
+``v_descale * acc / l`` in bfloat16.
+
+Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``SINKS``,
+``DROPOUT``, ``FP8``, ``VARLEN``): off, the kernels compile exactly the dense code.
 
 Varlen (``varlen``, ``flash_attn_varlen_func``'s signature; ``VARLEN``): sequence s of a pack is
 queries cu_q[s]:cu_q[s + 1] and keys cu_k[s]:cu_k[s + 1] of token-major tensors, and everything
@@ -76,11 +90,13 @@ Conventions (the flashprop kernel contract: the README's conventions table):
 
 Stages of this module:
   1. tile helpers (masked loads and stores; 32- or 64-bit row addressing, ``WIDE_ROWS``), the
-     key and query ranges a tile visits, the score variants (``_tanh``, ``_modified_scores``)
+     key and query ranges a tile visits, the score variants (``_tanh``, ``_modified_scores``),
+     the dropout hash (``_dropout_weights``), P's rounding for the P V product
   2. forward kernel
   3. backward preprocess: Delta and the base-2 lse used by the backward
   4. backward dK/dV kernel (one program per key tile and kv head)
   5. backward dQ kernel (one program per query tile and query head)
+  and the dropout keep mask kernel (what ``attention.dropout_mask`` returns)
 The launch module (stage 6) chooses the tiles and the compile-time switches and launches these
 kernels; the host module (stage 7) checks the inputs and folds the variants into their arguments.
 
@@ -104,6 +120,7 @@ import triton.language as tl
 #: Whether the kernels below are Triton-interpreted (CPU tensors) or compiled (CUDA tensors).
 #: ``triton.jit`` makes this choice when the decorated function is defined, i.e. at import.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_INTERPRETED = tl.constexpr(INTERPRET)  # the same, as the kernels read it
 
 def _fix_interpreter_index_for_numpy_2_4() -> None:
     """Triton 3.6's interpreter turns a scalar into a Python int with ``int(array_of_shape_1)``,
@@ -415,6 +432,79 @@ def _sequence(CuSeqQ, CuSeqK, off_b):
     return q_start.to(tl.int64), n_q, k_start.to(tl.int64), n_k
 
 
+@triton.jit
+def _fmix32(x):
+    """MurmurHash3's 32-bit finaliser of uint32 ``x`` (products wrap mod 2^32)."""
+    x = x ^ (x >> 16)
+    x = x * 0x85EBCA6B
+    x = x ^ (x >> 13)
+    x = x * 0xC2B2AE35
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _absorb(state, word):
+    """One round of the contract's dropout hash: ``fmix32((state ^ word) + 0x9E3779B9)``, the
+    word's low 32 bits (``refimpl/dropout.py``)."""
+    return _fmix32((state ^ word.to(tl.uint32)) + 0x9E3779B9)
+
+
+@triton.jit
+def _dropout_state(seed_lo, seed_hi, off_b, off_h):
+    """The dropout hash's state after the words (s_lo, s_hi, b, h) of one (batch element or
+    sequence, query head): a uint32 scalar that :func:`_dropout_weights` finishes per entry."""
+    state = _absorb(tl.zeros([], tl.uint32), seed_lo)
+    state = _absorb(state, seed_hi)
+    state = _absorb(state, off_b)
+    return _absorb(state, off_h)
+
+
+@triton.jit
+def _dropout_weights(state, q_idx, kv_idx, drop_threshold, drop_scale):
+    """The dropout's ``Z = M / (1 - p)`` at broadcastable query and key indices (their positions
+    in the sequence): ``drop_scale = 1 / (1 - p)`` where the hash of (state, i, j) is at least
+    ``drop_threshold = ceil(p 2^32)`` (kept), else 0. The contract's mask bit for bit
+    (``refimpl/dropout.py``), so ``attention.dropout_mask`` is this function's."""
+    h = _absorb(_absorb(state, q_idx), kv_idx)
+    return tl.where(h.to(tl.int64) >= drop_threshold, drop_scale, 0.0)
+
+
+@triton.jit
+def _exact_fp8(p, SIGNIFICANT: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr, MIN_NORMAL: tl.constexpr):
+    """``p`` in [0, 1] rounded to nearest in fp32 onto an FP8 format's values (``SIGNIFICANT``
+    bits; below ``MIN_NORMAL``, multiples of the subnormal spacing u: ``(p + 1.5 u 2^23) -
+    1.5 u 2^23``), for the interpreter only: its fp32 -> FP8 conversion drops the carry when
+    rounding up crosses a power of two (0.4868 becomes 0.25 in e4m3 with Triton 3.6 and 3.9), and
+    converts exactly representable values correctly. Normal range: Veltkamp's split,
+    ``c = p (2^(24 - SIGNIFICANT) + 1)``, ``c - (c - p)``."""
+    c = p * (2.0 ** (24 - SIGNIFICANT) + 1.0)
+    normal = c - (c - p)
+    sub = (p + SUBNORMAL_MAGIC) - SUBNORMAL_MAGIC
+    return tl.where(p < MIN_NORMAL, sub, normal)
+
+
+@triton.jit
+def _operand(x):
+    """``x`` as ``tl.dot`` takes it: itself, or, for an FP8 tile under the interpreter, its values
+    in fp32 (exact: the interpreter's FP8 ``tl.dot`` decodes e5m2 subnormals as 0 and values
+    from 2^13 on as NaN, with Triton 3.6 and 3.9, while its conversion to fp32 is exact)."""
+    if _INTERPRETED and (x.dtype == tl.float8e4nv or x.dtype == tl.float8e5):
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _probabilities_as(p, dtype: tl.constexpr):
+    """The probabilities ``p`` (in [0, 1], or up to 1 / (1 - dropout_p) with dropout) rounded to
+    ``dtype`` for the P V product; FP8 (``docs/variants.md``: P in the inputs' format) through
+    :func:`_exact_fp8` under the interpreter."""
+    if _INTERPRETED and dtype == tl.float8e4nv:
+        p = _exact_fp8(p, 4, 1.5 * 2.0 ** 14, 2.0 ** -6)
+    if _INTERPRETED and dtype == tl.float8e5:
+        p = _exact_fp8(p, 3, 1.5 * 2.0 ** 7, 2.0 ** -14)
+    return p.to(dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 2: forward
 # ---------------------------------------------------------------------------------------------
@@ -425,10 +515,12 @@ def _fwd_inner(
     acc, m_i, l_i, q,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b, off_hkv,
     offs_m, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
+    drop_state, drop_threshold, drop_scale,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
+    WIDE_ROWS: tl.constexpr,
 ):
     """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
 
@@ -439,6 +531,10 @@ def _fwd_inner(
     (WINDOW: :func:`_in_window`), keys >= n_k and, when CAUSAL, keys right of the diagonal. A
     row that has seen no key yet keeps m_i = -inf; it is subtracted as 0 so that
     exp2(-inf - 0) = 0 instead of exp2(-inf + inf) = NaN.
+
+    DROPOUT: the probabilities that weight V are ``P * Z`` (:func:`_dropout_weights`); l_i sums
+    P undropped, so lse is the softmax's. P is rounded to V's dtype for the product
+    (:func:`_probabilities_as`: FP8 V, FP8 P).
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -446,7 +542,7 @@ def _fwd_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, off_b, off_hkv, start_n, offs_n, offs_d, stride_kn, stride_kd,
                        n_k, head_dim, EVEN_D, MASKED, TMA, WIDE_ROWS)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        qk = tl.dot(_operand(q), tl.trans(_operand(k)), input_precision=PRECISION)
         if SOFTCAP or ALIBI:
             s, _ = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
                                     SOFTCAP, softcap2, ALIBI, slope2)
@@ -470,8 +566,11 @@ def _fwd_inner(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,
                        n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
-                     out_dtype=acc.dtype)
+        if DROPOUT:
+            p = p * _dropout_weights(drop_state, offs_m[:, None], offs_n[None, :], drop_threshold,
+                                     drop_scale)
+        acc = tl.dot(_operand(_probabilities_as(p, v.dtype)), _operand(v), acc * alpha[:, None],
+                     input_precision=PRECISION, out_dtype=acc.dtype)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -485,11 +584,14 @@ def _attn_fwd(
     stride_ob, stride_oh, stride_om, stride_od,
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64,
-    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah, Sinks, stride_z,
+    win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
+    seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, drop_scale: tl.float64,
+    Sinks, stride_z, Descale,
     head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    SINKS: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, SINKS: tl.constexpr, FP8: tl.constexpr, VARLEN: tl.constexpr,
+    ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -503,8 +605,15 @@ def _attn_fwd(
 
     Variants: WINDOW, the band win_left, win_right (:func:`_window_key_range`); SOFTCAP, softcap2;
     ALIBI, fp32 Slopes of strides (stride_ab, stride_ah); SINKS, fp32 Sinks (Hq,) of stride
-    stride_z, each the running max's and sum's start (z_h * log2(e), 1). Unused ones are 0
+    stride_z, each the running max's and sum's start (z_h * log2(e), 1); DROPOUT, the seed's
+    words seed_lo, seed_hi, drop_threshold = ceil(p 2^32) and drop_scale = 1 / (1 - p)
+    (:func:`_dropout_weights`; the batch index is the sequence's under VARLEN). Unused ones are 0
     (pointers: any tensor).
+
+    FP8 (``docs/variants.md``): q, k, v in one FP8 format, Out bfloat16, and Descale a contiguous
+    float32 (B * Hq, 2): per (batch element or sequence, query head) the logits' factor
+    ``q_descale * k_descale``, folded into the scale, and ``v_descale``, applied to the
+    normalised output. P is rounded to the FP8 format for the P V product.
 
     VARLEN (never with TMA): a pack of sequences, q, k, v, o token-major (T, H, D) with strides
     (unused, head, token, dim), the batch index off_b a sequence of int32 CuSeqQ, CuSeqK
@@ -539,8 +648,15 @@ def _attn_fwd(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    if FP8:  # the logits of the dequantised values: q8 k8 * q_descale * k_descale
+        scale2 = scale2 * tl.load(Descale + off_bh.to(tl.int64) * 2)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
+    drop_scale_t = tl.full([], drop_scale, ACC_DTYPE)
+    if DROPOUT:
+        drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h)
+    else:
+        drop_state = tl.zeros([], tl.uint32)
 
     q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q,
                    head_dim, EVEN_D, True, TMA, WIDE_ROWS)
@@ -560,8 +676,9 @@ def _attn_fwd(
         acc, m_i, l_i = _fwd_inner(
             acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
             off_hkv, offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
-            head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+            drop_state, drop_threshold, drop_scale_t,
+        head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, TMA, WIDE_ROWS,
         )
     else:
         full_lo = 0
@@ -570,20 +687,24 @@ def _attn_fwd(
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
         off_hkv, offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, TMA, WIDE_ROWS,
     )
     # the diagonal (or the window's right edge) and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
         acc, m_i, l_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, off_b,
         off_hkv, offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, TMA, WIDE_ROWS,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, TMA, WIDE_ROWS,
     )
 
     # epilogue: rows that saw no key (nor a sink) have l_i = 0 -> o = 0, lse = -inf
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if FP8:  # the dequantised values' output: v_descale on the normalised one
+        o = o * tl.load(Descale + off_bh.to(tl.int64) * 2 + 1)
     ln2 = tl.full([], 0.6931471805599453, ACC_DTYPE)
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * ln2)
     if TMA:  # the copy engine drops rows and columns past the tensor
@@ -662,10 +783,11 @@ def _bwd_dkdv_inner(
     q_base, do_base, lse2_base, delta_base,
     stride_qm, stride_qd, stride_dom, stride_dod,
     offs_n, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
+    drop_state, drop_threshold, drop_scale,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    DROPOUT: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Accumulate dK (unscaled) and dV of one key tile over query tiles [lo, hi).
 
@@ -673,7 +795,8 @@ def _bwd_dkdv_inner(
     lse2 = 0, or +inf with ALIBI: P = 0) and so contribute exactly 0; key rows >= n_k only touch
     their own (never stored) rows. MASKED tiles hide the queries left of the diagonal, or,
     WINDOW, the pairs outside the window (:func:`_in_window`). SOFTCAP: dS is chained through
-    the softcap, dS * (1 - tanh^2).
+    the softcap, dS * (1 - tanh^2). DROPOUT: the same ``Z`` as the forward's, from the same
+    indices (:func:`_dropout_weights`): dV += (P Z)^T dO and dS = P (Z dP - Delta).
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -702,8 +825,13 @@ def _bwd_dkdv_inner(
             else:
                 s_t = tl.where(offs_m[None, :] >= offs_n[:, None] - (n_k - n_q), s_t, float("-inf"))
         p_t = tl.exp2(s_t - lse2[None, :])
-        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
         dp_t = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+        if DROPOUT:
+            z_t = _dropout_weights(drop_state, offs_m[None, :], offs_n[:, None], drop_threshold, drop_scale)
+            dv = tl.dot((p_t * z_t).to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
+            dp_t = dp_t * z_t
+        else:
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=PRECISION, out_dtype=dv.dtype)
         ds_t = p_t * (dp_t - delta[None, :])
         if SOFTCAP:
             ds_t = ds_t * (1.0 - t_t * t_t)
@@ -723,10 +851,11 @@ def _attn_bwd_dkdv(
     H_KV, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
+    seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, drop_scale: tl.float64,
     head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dK, dV of one key tile of one (batch, kv head), summed over the GROUP query heads that
@@ -750,6 +879,7 @@ def _attn_bwd_dkdv(
     offs_dv = tl.arange(0, BLOCK_DV)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
+    drop_scale_t = tl.full([], drop_scale, ACC_DTYPE)
 
     if VARLEN:
         k_base = K + k_start * stride_kn + off_hkv * stride_kh
@@ -794,27 +924,34 @@ def _attn_bwd_dkdv(
             q_base = Q + off_b * stride_qb + off_h * stride_qh
             do_base = DO + off_b * stride_dob + off_h * stride_doh
         slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
+        if DROPOUT:
+            drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h)
+        else:
+            drop_state = tl.zeros([], tl.uint32)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, lo, masked_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            drop_state, drop_threshold, drop_scale_t,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
-            True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+            True, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, WIDE_ROWS,
         )
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            drop_state, drop_threshold, drop_scale_t,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
-            False, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+            False, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, WIDE_ROWS,
         )
         if WINDOW:  # the window's left edge: masked
             dk, dv = _bwd_dkdv_inner(
                 dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
                 stride_qm, stride_qd, stride_dom, stride_dod,
                 offs_n, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+                drop_state, drop_threshold, drop_scale_t,
                 head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_M,
-                True, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+                True, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, WIDE_ROWS,
             )
 
     dk = dk * tl.full([], sm_scale, ACC_DTYPE)
@@ -842,13 +979,14 @@ def _bwd_dq_inner(
     dq, q, do, lse2, delta,
     k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, lo, hi, n_q, n_k, qk_scale, win_left, win_right, softcap2, slope2,
+    drop_state, drop_threshold, drop_scale,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
+    ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Accumulate dQ (unscaled) of one query tile over key tiles [lo, hi); MASKED tiles hide
-    keys as :func:`_fwd_inner`'s do. SOFTCAP: dS * (1 - tanh^2)."""
+    keys as :func:`_fwd_inner`'s do. SOFTCAP: dS * (1 - tanh^2). DROPOUT: dS = P (Z dP - Delta)."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     for start_n in range(lo, hi, BLOCK_N):
@@ -873,6 +1011,9 @@ def _bwd_dq_inner(
             s = tl.where(visible, s, float("-inf"))
         p = tl.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        if DROPOUT:
+            dp = dp * _dropout_weights(drop_state, offs_m[:, None], offs_n[None, :], drop_threshold,
+                                       drop_scale)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:
             ds = ds * (1.0 - t * t)
@@ -891,10 +1032,11 @@ def _attn_bwd_dq(
     H_Q, GROUP, N_Q, N_K,
     qk_scale: tl.float64, sm_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
+    seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, drop_scale: tl.float64,
     head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    DROPOUT: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
@@ -920,6 +1062,11 @@ def _attn_bwd_dq(
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
+    drop_scale_t = tl.full([], drop_scale, ACC_DTYPE)
+    if DROPOUT:
+        drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h)
+    else:
+        drop_state = tl.zeros([], tl.uint32)
 
     if VARLEN:
         q_base = Q + q_start * stride_qm + off_h * stride_qh
@@ -950,8 +1097,9 @@ def _attn_bwd_dq(
         dq = _bwd_dq_inner(
             dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
             offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+            drop_state, drop_threshold, drop_scale_t,
             head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, WIDE_ROWS,
         )
     else:
         full_lo = 0
@@ -959,14 +1107,16 @@ def _attn_bwd_dq(
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, WIDE_ROWS,
     )
     dq = _bwd_dq_inner(
         dq, q, do, lse2, delta, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
+        drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, PRECISION, WIDE_ROWS,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, WIDE_ROWS,
     )
     dq = dq * tl.full([], sm_scale, ACC_DTYPE)
     if VARLEN:
@@ -975,3 +1125,27 @@ def _attn_bwd_dq(
         dq_base = DQ + off_b * stride_dqb + off_h * stride_dqh
     _store_tile(dq_base, dq, start_m, offs_m, offs_d, stride_dqm, stride_dqd, n_q, head_dim,
                 WIDE_ROWS)
+
+
+# ---------------------------------------------------------------------------------------------
+# The dropout keep mask, as the kernels above apply it (``attention.dropout_mask``)
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dropout_mask(
+    Mask, seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, H_Q, N_Q, N_K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Mask (B, Hq, Nq, Nk) int8, contiguous: 1 where entry (b, h, i, j) is kept, from the same
+    :func:`_dropout_state` and :func:`_dropout_weights` as the forward and backward. Grid:
+    (cdiv(Nq, BLOCK_M), B*Hq); each program writes its query rows, every key."""
+    start_m = tl.program_id(0) * BLOCK_M
+    off_bh = tl.program_id(1).to(tl.int64)
+    state = _dropout_state(seed_lo, seed_hi, off_bh // H_Q, off_bh % H_Q)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    for start_n in range(0, N_K, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kept = _dropout_weights(state, offs_m[:, None], offs_n[None, :], drop_threshold, 1.0) > 0
+        ptrs = Mask + (off_bh * N_Q + offs_m[:, None]) * N_K + offs_n[None, :]
+        tl.store(ptrs, kept.to(tl.int8), mask=(offs_m < N_Q)[:, None] & (offs_n < N_K)[None, :])

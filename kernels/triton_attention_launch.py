@@ -194,7 +194,7 @@ def _pruner(resident: str) -> Callable[..., list[triton.Config]]:
 
 #: What the autotuner keys its tunings on (each pass takes those of its own parameters).
 _TUNING_KEY = ("BLOCK_D", "BLOCK_DV", "EVEN_D", "EVEN_DV", "CAUSAL", "WINDOW", "SOFTCAP", "ALIBI",
-               "SINKS", "VARLEN", "SEQ_CLASS", "TMA", "WIDE_ROWS")
+               "DROPOUT", "SINKS", "FP8", "VARLEN", "SEQ_CLASS", "TMA", "WIDE_ROWS")
 
 
 def _autotuned(kernel: Callable, configs: list[triton.Config], resident: str) -> Callable:
@@ -284,11 +284,11 @@ Tiles = tuple[int, int] | None  # (BLOCK_M, BLOCK_N), or None for the autotuner
 def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
                   block_m: int | None, block_n: int | None) -> Tiles:
     """The tiles a launch of an (Nq, Nk, D, Dv, dtype) problem uses: the autotuner's (None) for
-    large 16-bit problems without explicit tiles on a GPU, fixed ones for other problems
+    large 16-bit and FP8 problems without explicit tiles on a GPU, fixed ones for other problems
     without, else the explicit ones (a missing one defaults), refused with NotImplementedError
     when they overflow shared memory. The same (BLOCK_M, BLOCK_N) serve every tiled pass."""
     if block_m is None and block_n is None and not INTERPRET:
-        if dtype.itemsize == 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
+        if dtype.itemsize <= 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
             return None
         return _fixed_tiles(d, dv, dtype)
     tiles = (block_m or _DEFAULT_TILE, block_n or _DEFAULT_TILE)
@@ -299,17 +299,18 @@ def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
 
 
 def launch_meta(q: Tensor, v: Tensor, causal: bool, *, window: bool = False, softcap: bool = False,
-                alibi: bool = False, varlen: tuple[int, int] | None = None) -> dict:
+                alibi: bool = False, dropout: bool = False,
+                varlen: tuple[int, int] | None = None) -> dict:
     """Keyword parameters shared by the forward and backward kernels of :data:`PASSES` for
     queries like ``q`` and values like ``v`` (shapes and dtype only: meta tensors do): the head
     dims (runtime values) and the compile-time constants, among them the tile widths, which
     every head dim padding to the same width shares (one compilation for D = 65..128, not one
-    per D), and the variants' switches (``CAUSAL``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``: a window
+    per D), and the variants' switches (``CAUSAL``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``DROPOUT``: a window
     carries causality itself, ``triton_attention.resolve_band``; ``VARLEN`` when ``varlen``
     gives a pack's ``(max_seqlen_q, max_seqlen_k)``, which then class the sequences,
     ``SEQ_CLASS``, instead of q's and v's lengths). ``WIDE_ROWS`` is False (32-bit row offsets: what
     a launch whose tensors span at most 2^31 - 1 elements compiles); each launch sets it from
-    its own tensors with :func:`wide_rows`. The forward adds ``TMA`` and ``SINKS``; the launch
+    its own tensors with :func:`wide_rows`. The forward adds ``TMA``, ``SINKS`` and ``FP8``; the launch
     adds ``BLOCK_M`` and ``BLOCK_N``."""
     d, dv = q.shape[-1], v.shape[-1]
     block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
@@ -319,7 +320,7 @@ def launch_meta(q: Tensor, v: Tensor, causal: bool, *, window: bool = False, sof
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv,
         "SEQ_CLASS": int(longest >= _LONG_SEQUENCE),
         "CAUSAL": bool(causal), "WINDOW": bool(window), "SOFTCAP": bool(softcap),
-        "ALIBI": bool(alibi), "VARLEN": varlen is not None,
+        "ALIBI": bool(alibi), "DROPOUT": bool(dropout), "VARLEN": varlen is not None,
         "ACC_DTYPE": tl.float64 if q.dtype == torch.float64 else tl.float32,
         "PRECISION": "ieee",
         "WIDE_ROWS": False,
@@ -341,14 +342,18 @@ def wide_rows(*tensors: Tensor) -> bool:
     return any(extent(t) > INT32_ELEMENTS for t in tensors)
 
 
+#: What the forward's descriptors carry: 16-bit inputs and outputs, FP8 inputs (whose o is bf16).
+_TMA_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def _tma_ready(*tensors: Tensor) -> bool:
     """Whether the forward reads and writes these (B, H, N, D) tensors through TMA descriptors:
-    16-bit, unit last stride, every other stride and the base 16-byte aligned (the copy
+    16-bit or FP8, unit last stride, every other stride and the base 16-byte aligned (the copy
     engine's rules). ``FLASHPROP_TRITON_TMA=0`` turns TMA off (pointer loads everywhere)."""
     if os.environ.get("FLASHPROP_TRITON_TMA", "1") == "0":
         return False
     return all(
-        t.dtype in (torch.float16, torch.bfloat16) and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+        t.dtype in _TMA_DTYPES and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
         and all(s > 0 and s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
         for t in tensors
     )

@@ -469,12 +469,7 @@ def _fp8(descales: Descales | None, hq: int) -> tuple[torch.Tensor, torch.Tensor
     """Checked FP8 descales (B, Hkv) as the tile loops read them (:attr:`Variants.descale`): the
     logits' factor ``q_descale * k_descale`` (k's alone for an FP8 cache) and ``v_descale``, per
     batch element and query head (B, Hq); ``None`` without FP8."""
-    if descales is None:
-        return None
-    group = hq // descales.k.shape[1]
-    q = 1.0 if descales.q is None else descales.q
-    qk, v = q * descales.k, descales.v
-    return qk.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return None if descales is None else descales.per_query_head(hq)
 
 
 def _fp8_inputs(descales: Descales | None, hq: int, what: str, tensors: tuple,
