@@ -10,15 +10,19 @@ FLOPs: forward 4*B*H*N*N*D (halved when causal); backward 2.5x forward; forward+
 
 Variant rows (``GridSpec.variants``, ``--bench-variants``): the dense rows' shapes with one
 variant's keywords added to the call (:data:`VARIANTS`, :meth:`Config.variant_kwargs`); a
-window row counts only the (query, key) pairs its band keeps.
+window row counts only the (query, key) pairs its band keeps. An ``fp8`` row (forward only) calls
+the kernel on the row's inputs quantised to e4m3 with (B, H) descales (FlashAttention-3's
+convention; o in bfloat16), and times the anchors on the row's bf16 dense twin
+(:attr:`Config.anchor_config`): what an FP8 kernel is weighed against.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+from flashprop.contract.fp8 import quantise
 from flashprop.contract.problem import DTYPES_BY_NAME, Problem
 
 MODES = ("fwd", "fwd+bwd")
@@ -28,9 +32,13 @@ LONG_DTYPE = {short: name for name, short in SHORT_DTYPE.items()}
 #: The rows' variants: the dense call, or it with a softcap of SOFTCAP (Gemma 2's attention
 #: logits), ALiBi's slopes 2^(-8 (h + 1) / H) per head, one sink logit per head (gpt-oss), or a
 #: sliding window of WINDOW keys on each side the row's mask allows (left only when causal).
-VARIANTS = ("dense", "softcap", "alibi", "sinks", "window")
+VARIANTS = ("dense", "softcap", "alibi", "sinks", "window", "fp8")
 SOFTCAP = 50.0
 WINDOW = 1024
+#: The fp8 rows' format and descale: standard normal values times 2^6 stay inside e4m3's range
+#: (448) and mostly in its normal range.
+FP8_FORMAT = "e4m3"
+FP8_DESCALE = 2.0**-6
 
 
 @dataclass(frozen=True)
@@ -110,9 +118,14 @@ class Config:
         variant = "" if self.variant == "dense" else f" {self.variant}"
         return f"{self.mode} d{self.d} {mask} N{self.n} {SHORT_DTYPE[self.dtype]}{variant}"
 
+    @property
+    def anchor_config(self) -> Config:
+        """The row the anchors are timed on: this one, or an fp8 row's bf16 dense twin."""
+        return replace(self, variant="dense") if self.variant == "fp8" else self
+
     def variant_kwargs(self) -> dict[str, object]:
         """The keywords the row adds to the dense call (on the row's device; sinks require grad
-        in fwd+bwd rows, so their gradient is part of the time)."""
+        in fwd+bwd rows, so their gradient is part of the time; an fp8 row's descales)."""
         h = self.h
         if self.variant == "softcap":
             return {"softcap": SOFTCAP}
@@ -125,6 +138,9 @@ class Config:
             return {"sinks": z.requires_grad_(self.mode == "fwd+bwd")}
         if self.variant == "window":
             return {"window_size": self.window}
+        if self.variant == "fp8":
+            descale = torch.full((self.b, h), FP8_DESCALE, dtype=torch.float32, device=self.device)
+            return {"q_descale": descale, "k_descale": descale, "v_descale": descale}
         return {}
 
     def problem(self) -> Problem:
@@ -144,16 +160,22 @@ class Config:
             softcap=SOFTCAP if self.variant == "softcap" else 0.0,
             alibi=("head", 1.0) if self.variant == "alibi" else None,
             sinks="mixed" if self.variant == "sinks" else None,
+            fp8=(FP8_FORMAT, "batch-head", "full") if self.variant == "fp8" else None,
         )
 
     def inputs(self, seed: int = 0) -> tuple[torch.Tensor, ...]:
-        """Contiguous ``q, k, v, do`` drawn directly on the device (fast at 16k tokens)."""
+        """Contiguous ``q, k, v, do`` drawn directly on the device (fast at 16k tokens); an fp8
+        row's q, k, v quantised (:func:`contract.fp8.quantise`) under its descales."""
         g = torch.Generator(device=self.device).manual_seed(seed)
         shape = (self.b, self.h, self.n, self.d)
-        return tuple(
+        drawn = tuple(
             torch.randn(shape, generator=g, device=self.device, dtype=self.torch_dtype)
             for _ in range(4)
         )
+        if self.variant != "fp8":
+            return drawn
+        descale = torch.full((self.b, self.h), FP8_DESCALE, dtype=torch.float32, device=self.device)
+        return (*(quantise(x, descale, self.h, FP8_FORMAT) for x in drawn[:3]), drawn[3])
 
 
 #: Named subsets: sequence lengths per dtype (``ci/gpu_check.py`` uses ``gpu-check`` to stay
@@ -172,7 +194,8 @@ SIZE_LIMITS: dict[tuple[str, str], tuple[int, str]] = {
 
 
 def configs(spec: GridSpec, device: str, subset: str | None = None) -> list[Config]:
-    """Every configuration of ``spec`` (restricted to a named subset), in a stable order."""
+    """Every configuration of ``spec`` (restricted to a named subset), in a stable order; fp8 rows
+    are forward only (FP8 inputs have no backward in the contract) and bfloat16 (o's dtype)."""
     allowed = SUBSETS[subset] if subset else None
     unknown = sorted(set(spec.variants) - set(VARIANTS))
     if unknown:
@@ -185,7 +208,8 @@ def configs(spec: GridSpec, device: str, subset: str | None = None) -> list[Conf
         for causal in spec.causal
         for mode in spec.modes
         for n in spec.seqlens
-        if allowed is None or n in allowed.get(dtype, ())
+        if (allowed is None or n in allowed.get(dtype, ()))
+        and (variant != "fp8" or (mode == "fwd" and dtype == "bfloat16"))
     ]
 
 
