@@ -63,12 +63,13 @@ DTYPE = torch.bfloat16
 
 
 def _boxes(constants: dict) -> dict[str, tuple[int, int]]:
-    """The forward's TMA descriptor boxes (rows, columns) when constants["TMA"] is set."""
+    """The forward's TMA descriptor boxes (rows, columns) when constants["TMA"] is set (FP8: V^T's)."""
     if not constants.get("TMA"):
         return {}
     bm, bn = constants["BLOCK_M"], constants["BLOCK_N"]
     bd, bdv = constants["BLOCK_D"], constants["BLOCK_DV"]
-    return {"Q": (bm, bd), "K": (bn, bd), "V": (bn, bdv), "Out": (bm, bdv)}
+    v_box = (bdv, bn) if constants.get("FP8") else (bn, bdv)  # FP8 reads V^T
+    return {"Q": (bm, bd), "K": (bn, bd), "V": v_box, "Out": (bm, bdv)}
 
 
 def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
@@ -202,7 +203,8 @@ def variant_cases(passes: dict) -> list[tuple]:
 def dropout_fp8_cases(passes: dict) -> list[tuple]:
     """Dropout (the hash in uint32, in every pass: explicit tiles with every variant, and the
     autotuned forward and backward) and the FP8 forward in both formats (pointers and TMA, explicit
-    tiles and the first autotuning config, and with every variant)."""
+    tiles and the first autotuning config, and with every variant; 16-key tiles, whose P V product
+    runs in fp16)."""
     cases = []
     tiles = {"BLOCK_M": 64, "BLOCK_N": 64}
     options = ta.explicit_launch_options(64, 64, 64, 64, DTYPE.itemsize)
@@ -228,6 +230,11 @@ def dropout_fp8_cases(passes: dict) -> list[tuple]:
     meta = {**compile_meta(64, 64, dtype=torch.float8_e4m3fn, fp8=True, **ALL_VARIANTS), **tiles}
     cases.append(("fwd d=64 64x64 fp8e4nv all variants, unspecialised", fwd.plain, meta, options, False,
                   "fp8e4nv"))
+    narrow = {"BLOCK_M": 64, "BLOCK_N": 16}  # P V reduces over 16 keys: fp16 operands (FP8 dots need 32)
+    for tma in (False, True):
+        meta = {**compile_meta(64, 64, tma=tma, dtype=torch.float8_e5m2, fp8=True), **narrow}
+        cases.append((f"fwd d=64 64x16 fp8e5{' TMA' if tma else ''}, unspecialised", fwd.plain, meta,
+                      ta.explicit_launch_options(64, 16, 64, 64, 1), False, "fp8e5"))
     return cases
 
 

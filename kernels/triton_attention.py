@@ -55,6 +55,7 @@ from flashprop.kernels.triton_attention_launch import (
     _tma_descriptors,
     _tma_ready,
     explicit_launch_options,
+    fp8_values_transposed,
     last_launch,
     launch_meta,
     padded_head_dim,
@@ -321,6 +322,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
     tensors = (q, k, v, o)
     strides = [t.stride() for t in tensors]
     tma = pack is None and _tma_ready(*tensors)
+    if tma and mods.descale is not None:  # FP8 through TMA reads V^T
+        vt = fp8_values_transposed(v)
+        tensors, strides[2] = (q, k, vt, o), vt.stride()
     meta = {**_switches(q, v, mods, lse), "SINKS": mods.sinks is not None,
             "FP8": mods.descale is not None, "TMA": tma, "WIDE_ROWS": not tma and wide_rows(*tensors)}
     if meta["TMA"]:

@@ -484,12 +484,17 @@ def _exact_fp8(p, SIGNIFICANT: tl.constexpr, SUBNORMAL_MAGIC: tl.constexpr, MIN_
 
 
 @triton.jit
-def _operand(x):
-    """``x`` as ``tl.dot`` takes it: itself, or, for an FP8 tile under the interpreter, its values
-    in fp32 (exact: the interpreter's FP8 ``tl.dot`` decodes e5m2 subnormals as 0 and values
-    from 2^13 on as NaN, with Triton 3.6 and 3.9, while its conversion to fp32 is exact)."""
-    if _INTERPRETED and (x.dtype == tl.float8e4nv or x.dtype == tl.float8e5):
-        x = x.to(tl.float32)
+def _operand(x, K: tl.constexpr):
+    """``x`` as ``tl.dot`` takes it along a reduction of ``K``: itself, or an FP8 tile's values
+    exactly in a wider type: fp32 under the interpreter (its FP8 ``tl.dot`` decodes e5m2
+    subnormals as 0 and values from 2^13 on as NaN, with Triton 3.6 and 3.9, while its conversion
+    to fp32 is exact), fp16 on a GPU when K < 32 (Triton's FP8 dot needs K >= 32; fp16 holds
+    every e4m3 and e5m2 value)."""
+    if x.dtype == tl.float8e4nv or x.dtype == tl.float8e5:
+        if _INTERPRETED:
+            x = x.to(tl.float32)
+        elif K < 32:
+            x = x.to(tl.float16)
     return x
 
 
@@ -519,8 +524,8 @@ def _fwd_inner(
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-    ALIBI: tl.constexpr, DROPOUT: tl.constexpr, PRECISION: tl.constexpr, TMA: tl.constexpr,
-    WIDE_ROWS: tl.constexpr,
+    ALIBI: tl.constexpr, DROPOUT: tl.constexpr, FP8: tl.constexpr, PRECISION: tl.constexpr,
+    TMA: tl.constexpr, WIDE_ROWS: tl.constexpr,
 ):
     """Online-softmax update of (acc, m_i, l_i) over key tiles [lo, hi).
 
@@ -534,7 +539,7 @@ def _fwd_inner(
 
     DROPOUT: the probabilities that weight V are ``P * Z`` (:func:`_dropout_weights`); l_i sums
     P undropped, so lse is the softmax's. P is rounded to V's dtype for the product
-    (:func:`_probabilities_as`: FP8 V, FP8 P).
+    (:func:`_probabilities_as`: FP8 V, FP8 P). FP8 with TMA: ``v_base`` describes V^T.
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -542,7 +547,7 @@ def _fwd_inner(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = _load_rows(k_base, off_b, off_hkv, start_n, offs_n, offs_d, stride_kn, stride_kd,
                        n_k, head_dim, EVEN_D, MASKED, TMA, WIDE_ROWS)
-        qk = tl.dot(_operand(q), tl.trans(_operand(k)), input_precision=PRECISION)
+        qk = tl.dot(_operand(q, BLOCK_D), tl.trans(_operand(k, BLOCK_D)), input_precision=PRECISION)
         if SOFTCAP or ALIBI:
             s, _ = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
                                     SOFTCAP, softcap2, ALIBI, slope2)
@@ -564,13 +569,17 @@ def _fwd_inner(
         p = tl.exp2(s - m_sub[:, None])
         alpha = tl.exp2(m_i - m_sub)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,
-                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)
+        if TMA and FP8:  # V^T's descriptor (B, H, Dv, N): the key axis innermost, as FP8 wgmma reads it
+            v = tl.trans(v_base.load([off_b, off_hkv, 0, start_n]).reshape(BLOCK_DV, BLOCK_N))
+        else:
+            v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,
+                           n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)
         if DROPOUT:
             p = p * _dropout_weights(drop_state, offs_m[:, None], offs_n[None, :], drop_threshold,
                                      drop_scale)
-        acc = tl.dot(_operand(_probabilities_as(p, v.dtype)), _operand(v), acc * alpha[:, None],
-                     input_precision=PRECISION, out_dtype=acc.dtype)
+        pv = _operand(_probabilities_as(p, v.dtype), BLOCK_N)
+        acc = tl.dot(pv, _operand(v, BLOCK_N), acc * alpha[:, None], input_precision=PRECISION,
+                     out_dtype=acc.dtype)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -610,7 +619,9 @@ def _attn_fwd(
     (:func:`_dropout_weights`; the batch index is the sequence's under VARLEN). Unused ones are 0
     (pointers: any tensor).
 
-    FP8 (``docs/variants.md``): q, k, v in one FP8 format, Out bfloat16, and Descale a contiguous
+    FP8 (``docs/variants.md``): q, k, v in one FP8 format (with TMA, V the descriptor of V^T, a
+    (B, Hkv, Dv, Nk) tensor: Hopper's FP8 wgmma reads its B operand K-major, the key axis innermost),
+    Out bfloat16, and Descale a contiguous
     float32 (B * Hq, 2): per (batch element or sequence, query head) the logits' factor
     ``q_descale * k_descale``, folded into the scale, and ``v_descale``, applied to the
     normalised output. P is rounded to the FP8 format for the P V product.
@@ -678,7 +689,7 @@ def _attn_fwd(
             off_hkv, offs_m, lo, full_lo, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
             drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, TMA, WIDE_ROWS,
+            True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, FP8, PRECISION, TMA, WIDE_ROWS,
         )
     else:
         full_lo = 0
@@ -689,7 +700,7 @@ def _attn_fwd(
         off_hkv, offs_m, full_lo, full_hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
         drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, TMA, WIDE_ROWS,
+        False, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, FP8, PRECISION, TMA, WIDE_ROWS,
     )
     # the diagonal (or the window's right edge) and the ragged end of the keys: masked
     acc, m_i, l_i = _fwd_inner(
@@ -697,7 +708,7 @@ def _attn_fwd(
         off_hkv, offs_m, full_hi, hi, n_q, n_k, scale2, win_left, win_right, cap2, slope2,
         drop_state, drop_threshold, drop_scale_t,
         head_dim, head_dim_v, EVEN_D, EVEN_DV, BLOCK_D, BLOCK_DV, BLOCK_N,
-        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, PRECISION, TMA, WIDE_ROWS,
+        True, CAUSAL, WINDOW, SOFTCAP, ALIBI, DROPOUT, FP8, PRECISION, TMA, WIDE_ROWS,
     )
 
     # epilogue: rows that saw no key (nor a sink) have l_i = 0 -> o = 0, lse = -inf
