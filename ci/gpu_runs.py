@@ -191,11 +191,9 @@ def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
 def merged_table(tallies: list[Path]) -> str:
     """``python -m flashprop.harness.report`` of the tallies (run in this process): the merged table
     and each failure."""
-    report.TALLIES.clear()
     text = io.StringIO()
     with contextlib.redirect_stdout(text):
         report.main([str(p) for p in tallies])
-    report.TALLIES.clear()
     return text.getvalue().rstrip()
 
 

@@ -51,6 +51,11 @@ Profiles (``--hypothesis-profile``): ``ci`` (bounded, derandomized, no deadline,
 
 Tests that take a ``kernel`` argument run once per ``--kernel``; a kernel that cannot run here,
 or that does not declare the device, is skipped with the reason.
+
+The options reach the harness in one object: :func:`run_context` builds the session's
+``harness.run_context.RunContext`` from them in ``pytest_configure`` and keeps it in
+``config.stash[RUN]``; the ``run`` fixture hands it to the property tests, which pass it to
+``harness.check.run_property``; this plugin's hooks read it from the stash.
 """
 
 from __future__ import annotations
@@ -65,6 +70,8 @@ from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+
+from flashprop.harness.run_context import RUN, Replay, RunContext
 
 _SLOW_OK = [
     HealthCheck.too_slow,
@@ -202,19 +209,6 @@ def _device(config: pytest.Config) -> str:
 
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
-    if threading.current_thread() is threading.main_thread():
-        # a CI timeout ends the run as Ctrl-C does: with the table; an xdist controller passes
-        # the first interrupt on to its workers, which wind down and hand their tallies over
-        from flashprop.harness.campaign import WorkersFirst, interrupt, wind_down
-
-        if getattr(config, "workerinput", None) is not None:
-            handler = wind_down
-        elif config.getoption("numprocesses", None):
-            handler = WorkersFirst()
-        else:
-            handler = interrupt
-        signal.signal(signal.SIGINT, handler)
-        signal.signal(signal.SIGTERM, handler)
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
     if _device(config) == "cuda":
@@ -222,17 +216,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
         install_from_environment()
     _check_kernel_specs(config)
-    replay = config.getoption("--replay")
-    if replay:
-        import flashprop.harness.check
-        from flashprop.contract.problem import Problem
+    run = config.stash[RUN] = run_context(config)
+    if threading.current_thread() is threading.main_thread():
+        # a CI timeout ends the run as Ctrl-C does: with the table; an xdist controller passes
+        # the first interrupt on to its workers, which wind down and hand their tallies over
+        from flashprop.harness.campaign import WorkersFirst
 
-        prop, _, text = replay.partition(":")
-        flashprop.harness.check.REPLAY = (prop, Problem.parse(text))
-    if config.getoption("--tally-json"):
-        from flashprop.harness.report import autosave
-
-        autosave(config.getoption("--tally-json"))
+        if getattr(config, "workerinput", None) is not None:
+            handler = run.campaign.wind_down
+        elif config.getoption("numprocesses", None):
+            handler = WorkersFirst(run.campaign)
+        else:
+            handler = run.campaign.interrupt
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+    if run.tally_json:
+        run.tallies.autosave(run.tally_json)
     known = config.getoption("--known-failures")
     if known:
         from flashprop.harness.known_failures import parse
@@ -241,29 +240,38 @@ def pytest_configure(config: pytest.Config) -> None:
             config.stash[_KNOWN] = parse(Path(known))
         except (OSError, ValueError) as err:
             raise pytest.UsageError(f"--known-failures: {err}") from err
-    overrides = {}
-    if config.getoption("--shrink-seconds") is not None:
-        from flashprop.harness.timebox import SHRINK_SECONDS
-
-        SHRINK_SECONDS["limit"] = config.getoption("--shrink-seconds")
-    n = config.getoption("--max-examples")
-    if n is not None:
-        overrides["max_examples"] = n
-    if config.getoption("--example-db"):
-        from flashprop.harness.campaign import example_database
-
-        overrides["database"] = example_database(config.getoption("--example-db"))
-    if overrides:  # applied by each property on top of the profile Hypothesis loaded
-        import flashprop.harness.check
-
-        flashprop.harness.check.OVERRIDES.update(overrides)
     worker = getattr(config, "workerinput", None)
     if worker is not None:
         from flashprop.harness.campaign import configure_worker
 
-        configure_worker(worker, _device(config))
+        configure_worker(run, worker, run.device)
     elif getattr(config.option, "xmlpath", None):  # pytest writes JUnit XML here (not on a worker)
         config.pluginmanager.register(JUnitReports(), "flashprop-junit")
+
+
+def run_context(config: pytest.Config) -> RunContext:
+    """The session's run context from the command line (its kernel sets already expanded): the
+    options the harness reads (``--max-examples``, ``--example-db``, ``--replay``,
+    ``--shrink-seconds``, ``--kernel``, ``--device``, ``--tally-json``, ``--all-skips``) and a
+    fresh time box, tallies and campaign state."""
+    from flashprop.harness.campaign import example_database
+    from flashprop.harness.timebox import SHRINK_SECONDS
+
+    replay, database = config.getoption("--replay"), config.getoption("--example-db")
+    shrink = config.getoption("--shrink-seconds")
+    optional = {}
+    if replay:
+        from flashprop.contract.problem import Problem
+
+        prop, _, text = replay.partition(":")
+        optional["replay"] = Replay(prop, Problem.parse(text))
+    if database:
+        optional["database"] = example_database(database)
+    return RunContext(max_examples=config.getoption("--max-examples"),
+                      shrink_seconds=SHRINK_SECONDS if shrink is None else shrink,
+                      kernels=tuple(config.getoption("--kernel")), device=_device(config),
+                      tally_json=config.getoption("--tally-json"), all_skips=config.getoption("--all-skips"),
+                      **optional)
 
 
 def _check_kernel_specs(config: pytest.Config) -> None:
@@ -287,7 +295,7 @@ def pytest_configure_node(node) -> None:
     """xdist controller: tell each worker where to note its examples and tallies."""
     from flashprop.harness.campaign import configure_node
 
-    configure_node(node)
+    configure_node(node.config.stash[RUN], node)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -295,21 +303,19 @@ def pytest_testnodedown(node, error) -> None:
     """xdist controller: merge a worker's tallies; report the example a dead worker was running."""
     from flashprop.harness.campaign import collect_node
 
-    collect_node(node, error)
+    collect_node(node.config.stash[RUN], node, error)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from flashprop.harness.campaign import STOP_SIGNALS
-
+    run = session.config.stash[RUN]
     worker_output = getattr(session.config, "workeroutput", None)
-    if worker_output is None and STOP_SIGNALS:  # a controller whose workers wound down
+    if worker_output is None and run.campaign.stop_signals:  # a controller whose workers wound down
         session.exitstatus = pytest.ExitCode.INTERRUPTED
     if worker_output is not None:
         from flashprop.harness import compile_locks
-        from flashprop.harness.report import rows
 
-        worker_output["flashprop_tallies"] = rows()
-        worker_output["flashprop_compile"] = vars(compile_locks.STATS)  # summed by the controller
+        worker_output["flashprop_tallies"] = run.tallies.rows()
+        worker_output["flashprop_compile"] = vars(compile_locks.stats())  # summed by the controller
 
 
 def _time_box(config: pytest.Config) -> float | None:
@@ -333,42 +339,41 @@ def _time_box(config: pytest.Config) -> float | None:
 
 def _draws(item: pytest.Item, config: pytest.Config) -> bool:
     """Whether a kernel test will draw examples, and so take a share of the time box: its body
-    runs now, with the arguments it will get, up to its property (``timebox.draws``)."""
-    from flashprop.harness import timebox
+    runs now, with the arguments it will get, up to its property (``TimeBox.draws``)."""
     from flashprop.harness.strategies import device_sizes
 
     params = dict(item.callspec.params) if hasattr(item, "callspec") else {}
     if "kernel" not in params or item.get_closest_marker("skip") is not None:
         return False
-    device = _device(config)
+    run = config.stash[RUN]
+    device = run.device
     try:
-        loaded = _kernel_for(params["kernel"], device)
+        loaded = _kernel_for(run, params["kernel"], device)
     except Exception:  # the kernel fixture raises it again, and the run reports it
         return True
     if isinstance(loaded, str):
         return False
-    values = {**params, "kernel": loaded, "device": device,
+    values = {**params, "run": run, "kernel": loaded, "device": device,
               "sizes": device_sizes(device, config.getoption("--max-n"))}
     names = list(inspect.signature(item.obj).parameters)
     if not set(names) <= set(values):
         return True  # it takes other fixtures: count it
-    return timebox.draws(lambda: item.obj(**{name: values[name] for name in names}))
+    return run.time_box.draws(lambda: item.obj(**{name: values[name] for name in names}))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    from flashprop.harness import timebox
-
     config = session.config
+    box = config.stash[RUN].time_box
     seconds = _time_box(config)
     if seconds is not None:  # under xdist each worker boxes its part (the controller collects nothing)
         properties = [i for i in session.items if "kernel" in getattr(i, "fixturenames", ())]
         drawing = sum(_draws(item, config) for item in properties)
         worker = hasattr(config, "workerinput")
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
-        timebox.start(seconds, drawing, idle=len(properties) - drawing, processes=workers)
+        box.start(seconds, drawing, idle=len(properties) - drawing, processes=workers)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None and getattr(config, "workerinput", None) is None:
-        timebox.follow(reporter.write_line, reporter.isatty)
+        box.follow(reporter.write_line, reporter.isatty)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -382,7 +387,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "kernel" in metafunc.fixturenames:
         from flashprop.contract.registry import default_kernel
 
-        specs = metafunc.config.getoption("--kernel") or [default_kernel(_device(metafunc.config))]
+        run = metafunc.config.stash[RUN]
+        specs = list(run.kernels) or [default_kernel(run.device)]
         metafunc.parametrize("kernel", specs, indirect=True, scope="session")
         shards = metafunc.config.getoption("--shards")
         if shards > 1:
@@ -396,9 +402,7 @@ def flashprop_shard(request: pytest.FixtureRequest):
     if not hasattr(request, "param"):
         yield None
         return
-    from flashprop.harness.campaign import running
-
-    with running(request.config, request.param) as shard:
+    with request.config.stash[RUN].campaign.running(request.config, request.param) as shard:
         yield shard
 
 
@@ -408,36 +412,41 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return header(config)
 
 
-#: (kernel spec, device) -> the kernel as tests get it, or why they are skipped.
-_LOADED: dict[tuple[str, str], object] = {}
-
-
-def _kernel_for(spec: str, device: str):
-    """The kernel ``spec`` as the tests on ``device`` get it, or why they are skipped (cached)."""
+def _kernel_for(run: RunContext, spec: str, device: str):
+    """The kernel ``spec`` as the tests on ``device`` get it, or why they are skipped (cached in
+    the run context, ``RunContext.loaded``)."""
     from flashprop.contract.registry import KernelUnavailable, load_kernel, observe_outputs
 
-    if (spec, device) not in _LOADED:
+    cache = run.loaded
+    if (spec, device) not in cache:
         try:
             loaded = load_kernel(spec)
         except KernelUnavailable as err:
-            _LOADED[spec, device] = f"unavailable: {err}"
+            cache[spec, device] = f"unavailable: {err}"
         else:
             declared = loaded.capabilities.devices
-            _LOADED[spec, device] = (
+            cache[spec, device] = (
                 observe_outputs(loaded, device) if device in declared
                 else f"kernel {spec} does not declare device {device} (declares {sorted(declared)})"
             )
-    return _LOADED[spec, device]
+    return cache[spec, device]
+
+
+@pytest.fixture(scope="session")
+def run(request: pytest.FixtureRequest) -> RunContext:
+    """The session's run context (:func:`run_context`), which the property tests pass to
+    ``harness.check.run_property``."""
+    return request.config.stash[RUN]
 
 
 @pytest.fixture(scope="session")
 def device(request: pytest.FixtureRequest) -> str:
-    return _device(request.config)
+    return request.config.stash[RUN].device
 
 
 @pytest.fixture(scope="session")
-def kernel(request: pytest.FixtureRequest, device: str):
-    loaded = _kernel_for(request.param, device)
+def kernel(request: pytest.FixtureRequest, run: RunContext, device: str):
+    loaded = _kernel_for(run, request.param, device)
     if isinstance(loaded, str):
         pytest.skip(loaded)
     return loaded
@@ -454,16 +463,13 @@ def sizes(request: pytest.FixtureRequest, device: str):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A signal that asked the run to stop, and whose KeyboardInterrupt was lost, stops it here;
-    the test's module and function are noted for the replay commands of its failures, and its
-    case for its example database key (``harness.campaign.note_case``)."""
-    from flashprop.harness import check
-    from flashprop.harness.campaign import note_case, stop_if_asked
+    the test's case is noted for its example database key and its failures' place in the tallies
+    (``harness.campaign.case_of``)."""
+    from flashprop.harness.campaign import case_of
 
-    stop_if_asked()
-    note_case(item)
-    module = getattr(item, "module", None)
-    check.RUNNING_TEST = (f"{module.__name__.rpartition('.')[2]}::{item.originalname}"
-                          if module is not None and hasattr(item, "originalname") else None)
+    run = item.config.stash[RUN]
+    run.campaign.stop_if_asked()
+    run.running.case = case_of(item)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -473,12 +479,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     params = item.callspec.params if hasattr(item, "callspec") else {}
     if "kernel" in params:
-        from flashprop.harness import report as tallies
-
+        run = item.config.stash[RUN]
+        tallies = run.tallies
         if call.when == "setup":
-            from flashprop.harness import campaign
-
-            tallies.start_item(campaign.RUNNING_CASE)
+            tallies.start_item(run.running.case)
         if report.skipped and not hasattr(report, "wasxfail") and isinstance(report.longrepr, tuple):
             tallies.note_skip(params["kernel"], _label(item), report.longrepr[2].removeprefix("Skipped: "))
         if call.when == "call":
@@ -491,10 +495,9 @@ def _note_examples(item: pytest.Item, call: pytest.CallInfo, report: pytest.Test
     reads them from the teardown report, made after this); a failed property's flashprop report
     on the report, as ``flashprop_failure`` (it travels from an xdist worker with the report; see
     :class:`JUnitReports`)."""
-    from flashprop.harness import report as tallies
     from flashprop.harness.check import PropertyFailure
 
-    prop, own = tallies.running_item()
+    prop, own = item.config.stash[RUN].tallies.running_item()
     if prop is None:
         return
     item.user_properties += [("kernel", kernel), ("property", prop), ("examples", own.run),
@@ -590,18 +593,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         if failed and all(getattr(r, "flashprop_failure", None) for r in failed):
             terminalreporter.reportchars = terminalreporter.reportchars.replace("f", "")
     result = yield
-    from flashprop.harness import compile_locks, report, timebox
-    from flashprop.harness.campaign import stopped_line
+    from flashprop.harness import compile_locks
 
-    if config.getoption("--tally-json"):
-        report.dump(config.getoption("--tally-json"))
-    if compile_locks.installed():
-        terminalreporter.write_line(f"flashprop: {compile_locks.STATS.line()}")
+    run = config.stash[RUN]
+    report = run.tallies
+    if run.tally_json:
+        report.dump(run.tally_json)
+    if compile_locks.installed():  # this process's compilations and its xdist workers'
+        compiled = compile_locks.stats() + run.campaign.workers_compiled
+        terminalreporter.write_line(f"flashprop: {compiled.line()}")
     for entry in config.stash.get(_UNMATCHED, []):
         terminalreporter.write_line(
             f"flashprop: known failure {entry.node_id} ({entry.where}) matched no collected test"
         )
-    lines = report.summary_lines(config.getoption("--all-skips"))
+    lines = report.summary_lines(run.all_skips)
     if lines:
         terminalreporter.section("flashprop: examples per property")
         for line in lines:
@@ -611,10 +616,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.section("flashprop: failures by cause (the smallest problem of each, shrunk)")
         for line in failures[:-1]:
             terminalreporter.write_line(line)
-    if lines and timebox.summary():
-        terminalreporter.write_line(f"flashprop: {timebox.summary()}")
-    if lines and stopped_line():
-        terminalreporter.write_line(f"flashprop: {stopped_line()}")
+    if lines and run.time_box.summary():
+        terminalreporter.write_line(f"flashprop: {run.time_box.summary()}")
+    if lines and run.campaign.stopped_line():
+        terminalreporter.write_line(f"flashprop: {run.campaign.stopped_line()}")
     if written:
         terminalreporter.write_line(f"flashprop: the tracebacks of the {written} failed tests are in {path}")
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")

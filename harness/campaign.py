@@ -6,7 +6,7 @@
   one is replayed first by the others and by the next run.
 - :func:`database_key`: where a property test keeps its examples in any database (those two, or
   the profile's own ``.hypothesis/examples``): one key per kernel spec, declaration
-  (:func:`declaration_digest`), test case (:func:`note_case`) and property, the same in every
+  (:func:`declaration_digest`), test case (:func:`case_of`) and property, the same in every
   process, so a run of one kernel neither replays nor deletes another's examples.
 - :func:`configure_worker`: a worker ``gwI`` takes CUDA device ``I mod count`` (of the devices
   ``CUDA_VISIBLE_DEVICES`` leaves visible) and notes its examples and tallies in files the
@@ -44,12 +44,13 @@ import hypothesis.core
 import pytest
 
 from ..contract.capabilities import Capabilities, Limit
-from . import compile_locks
+from .compile_locks import CompileStats
 from .failures import Failure
-from .report import autosave, merge_rows, note_cause, note_current, record, save_now
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..contract.registry import Kernel
+    from .report import Tallies
+    from .run_context import RunContext
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"
@@ -58,8 +59,6 @@ _SEED_BASE = "flashprop_seed_base"
 #: The signal that asked the campaign to stop, handed to workers started after it.
 _STOP = "flashprop_stop_signal"
 _BASE_KEY = pytest.StashKey[int]()
-#: Workers whose tallies were merged (xdist reports an interrupted worker down twice).
-_COLLECTED: set[str] = set()
 
 
 def example_database(spec: str):
@@ -76,26 +75,22 @@ def example_database(spec: str):
     return DirectoryBasedExampleDatabase(spec)
 
 
-#: The running test's case as :func:`note_case` wrote it (``None`` outside a pytest test).
-RUNNING_CASE: str | None = None
 #: The test parameters that do not set the case apart: the kernel is a key of its own, and the
 #: shards of one property test share its examples.
 _NOT_THE_CASE = frozenset({"kernel", "flashprop_shard"})
 
 
-def note_case(item: pytest.Item) -> None:
-    """Note the test ``item`` that starts as ``MODULE::FUNCTION[name=value, ...]``: the last part
-    of its module's name (the same in a checkout and in the installed ``flashprop.properties``),
-    its function, and its parameters but the kernel and the shard."""
-    global RUNNING_CASE
+def case_of(item: pytest.Item) -> str | None:
+    """The case of test ``item`` as ``MODULE::FUNCTION[name=value, ...]``: the last part of its
+    module's name (the same in a checkout and in the installed ``flashprop.properties``), its
+    function, and its parameters but the kernel and the shard (``None``: not a Python test)."""
     module = getattr(item, "module", None)
     if module is None:
-        RUNNING_CASE = None
-        return
+        return None
     params = item.callspec.params if hasattr(item, "callspec") else {}
     case = ", ".join(f"{name}={value}" for name, value in sorted(params.items()) if name not in _NOT_THE_CASE)
     name = getattr(item, "originalname", item.name)
-    RUNNING_CASE = f"{module.__name__.rpartition('.')[2]}::{name}" + (f"[{case}]" if case else "")
+    return f"{module.__name__.rpartition('.')[2]}::{name}" + (f"[{case}]" if case else "")
 
 
 def _canonical(value: object) -> str:
@@ -121,7 +116,7 @@ def declaration_digest(capabilities: Capabilities) -> str:
 
 
 def database_key(kernel: Kernel, prop: str, case: str | None) -> bytes:
-    """The example database key of property ``prop`` in test ``case`` (:data:`RUNNING_CASE`) on
+    """The example database key of property ``prop`` in test ``case`` (:func:`case_of`) on
     ``kernel``: its spec, its declaration's digest, the case and the property, as JSON. Hypothesis
     derives its secondary and pareto keys from it by suffixes. A changed declaration draws other
     problems (and refuses others), so its examples start afresh; the shards of one test share
@@ -130,16 +125,16 @@ def database_key(kernel: Kernel, prop: str, case: str | None) -> bytes:
                        "test": case, "property": prop}).encode()
 
 
-def configure_node(node) -> None:
+def configure_node(run: RunContext, node) -> None:
     """Controller side: a folder for the worker's files (one per controller, made once, removed
     at exit) and the shards' seed base, the same for every worker."""
-    folder = getattr(configure_node, "folder", None)
-    if folder is None:
-        folder = configure_node.folder = tempfile.mkdtemp(prefix="flashprop-workers-")
-        atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    node.workerinput[_FOLDER] = folder
-    if STOP_SIGNALS:
-        node.workerinput[_STOP] = STOP_SIGNALS[0]
+    campaign = run.campaign
+    if campaign.folder is None:
+        campaign.folder = tempfile.mkdtemp(prefix="flashprop-workers-")
+        atexit.register(shutil.rmtree, campaign.folder, ignore_errors=True)
+    node.workerinput[_FOLDER] = campaign.folder
+    if campaign.stop_signals:
+        node.workerinput[_STOP] = campaign.stop_signals[0]
     if node.config.getoption("--shards") > 1:
         node.workerinput[_SEED_BASE] = seed_base(node.config)
 
@@ -148,7 +143,7 @@ def _files(folder: str, worker: str) -> tuple[Path, Path]:
     return Path(folder) / f"{worker}.tally.json", Path(folder) / f"{worker}.current.json"
 
 
-def configure_worker(workerinput: dict, device: str) -> None:
+def configure_worker(run: RunContext, workerinput: dict, device: str) -> None:
     """Worker side: its CUDA device, and where it saves its tally and notes its current example."""
     worker = workerinput.get("workerid", "gw0")
     if device == "cuda":
@@ -157,13 +152,13 @@ def configure_worker(workerinput: dict, device: str) -> None:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(worker.removeprefix("gw") or 0) % torch.cuda.device_count())
     if _STOP in workerinput:  # started after the campaign was asked to stop
-        _WINDING["at"] = time.monotonic()
-        STOP_SIGNALS.append(workerinput[_STOP])
+        run.campaign.winding_at = time.monotonic()
+        run.campaign.stop_signals.append(workerinput[_STOP])
     folder = workerinput.get(_FOLDER)
     if folder:
         tally, current = _files(folder, worker)
-        autosave(str(tally))
-        note_current(str(current))
+        run.tallies.autosave(str(tally))
+        run.tallies.note_current(str(current))
 
 
 def child_pids(pid: int) -> list[int]:
@@ -182,71 +177,106 @@ def signal_pids(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
-#: The signals that asked this process to stop (a lone run, a worker) or its workers to (a
-#: controller): see :func:`interrupt`, :func:`wind_down` and :class:`WorkersFirst`.
-STOP_SIGNALS: list[int] = []
-#: When this process (an xdist worker) began to wind down on a signal (see :func:`wind_down`).
-_WINDING: dict[str, float | None] = {"at": None}
 #: Seconds after a stop signal during which more signals are the same request: GNU timeout
 #: signals the controller and its whole process group, and the controller forwards its own.
 GRACE = 10.0
 
 
-def interrupt(signum: int, frame) -> NoReturn:
-    """SIGINT and SIGTERM handler of a lone run: stop as Ctrl-C does, with the table. The request
-    sticks: Python runs a signal handler at its next bytecode, and when that is inside a finalizer
-    the garbage collector called (a ``__del__``, a weakref callback), the KeyboardInterrupt is
-    printed as ignored and lost, and the run would go on to its last example.
-    :func:`stop_if_asked` raises it again at the next example and the next test."""
-    STOP_SIGNALS.append(signum)
-    raise KeyboardInterrupt(f"signal {signum}")
+class Campaign:
+    """One session's campaign state, owned by its :class:`harness.run_context.RunContext`: the
+    signals that asked this process to stop (a lone run, a worker) or its workers to (a
+    controller), when this worker began to wind down, the workers' folder and the workers whose
+    tallies were merged (a controller), and the running shard (``--shards``).
 
+    :meth:`interrupt` and :meth:`wind_down` are the SIGINT and SIGTERM handlers of a lone run and
+    of an xdist worker, :class:`WorkersFirst` a controller's (the plugin installs them)."""
 
-def wind_down(signum: int, frame) -> None:
-    """SIGINT and SIGTERM handler of an xdist worker. The first signal winds the worker down:
-    the running property stops at its next example and the tests left skip (:func:`stop_if_asked`),
-    so the worker ends as usual and hands its tallies over. (A worker ended by KeyboardInterrupt
-    is replaced by xdist, and its replacement runs its tests anew: a run stopped by a CI timeout
-    would start over.) Signals in the next :data:`GRACE` seconds are the same request; a later
-    one interrupts the worker (an example that does not end)."""
-    now = time.monotonic()
-    if _WINDING["at"] is None:
-        _WINDING["at"] = now
-        STOP_SIGNALS.append(signum)
-    elif now - _WINDING["at"] >= GRACE:
-        interrupt(signum, frame)
+    def __init__(self) -> None:
+        self.stop_signals: list[int] = []
+        self.winding_at: float | None = None
+        self.folder: str | None = None
+        #: Workers whose tallies were merged (xdist reports an interrupted worker down twice),
+        #: and their Triton compile statistics, summed.
+        self.collected: set[str] = set()
+        self.workers_compiled = CompileStats()
+        self._shards: list[Shard] = []
 
+    def interrupt(self, signum: int, frame) -> NoReturn:
+        """SIGINT and SIGTERM handler of a lone run: stop as Ctrl-C does, with the table. The
+        request sticks: Python runs a signal handler at its next bytecode, and when that is inside
+        a finalizer the garbage collector called (a ``__del__``, a weakref callback), the
+        KeyboardInterrupt is printed as ignored and lost, and the run would go on to its last
+        example. :meth:`stop_if_asked` raises it again at the next example and the next test."""
+        self.stop_signals.append(signum)
+        raise KeyboardInterrupt(f"signal {signum}")
 
-def stop_if_asked(examples: int | None = None) -> None:
-    """At an example's start (``examples``: how many its property ran) or a test's: stop when a
-    signal asked to. A lone run raises KeyboardInterrupt; a winding-down worker skips, its
-    examples kept in the table."""
-    if not STOP_SIGNALS:
-        return
-    if _WINDING["at"] is None:
-        raise KeyboardInterrupt(f"signal {STOP_SIGNALS[0]}")
-    ran = "" if examples is None else f" after {examples} example{'s' * (examples != 1)} (in the table)"
-    pytest.skip(f"stopped by signal {STOP_SIGNALS[0]}{ran}")
+    def wind_down(self, signum: int, frame) -> None:
+        """SIGINT and SIGTERM handler of an xdist worker. The first signal winds the worker down:
+        the running property stops at its next example and the tests left skip
+        (:meth:`stop_if_asked`), so the worker ends as usual and hands its tallies over. (A worker
+        ended by KeyboardInterrupt is replaced by xdist, and its replacement runs its tests anew: a
+        run stopped by a CI timeout would start over.) Signals in the next :data:`GRACE` seconds
+        are the same request; a later one interrupts the worker (an example that does not end)."""
+        now = time.monotonic()
+        if self.winding_at is None:
+            self.winding_at = now
+            self.stop_signals.append(signum)
+        elif now - self.winding_at >= GRACE:
+            self.interrupt(signum, frame)
 
+    def stop_if_asked(self, examples: int | None = None) -> None:
+        """At an example's start (``examples``: how many its property ran) or a test's: stop when
+        a signal asked to. A lone run raises KeyboardInterrupt; a winding-down worker skips, its
+        examples kept in the table."""
+        if not self.stop_signals:
+            return
+        if self.winding_at is None:
+            raise KeyboardInterrupt(f"signal {self.stop_signals[0]}")
+        ran = "" if examples is None else f" after {examples} example{'s' * (examples != 1)} (in the table)"
+        pytest.skip(f"stopped by signal {self.stop_signals[0]}{ran}")
 
-def stopped_line() -> str | None:
-    """The summary's line when a signal stopped the run, else ``None``."""
-    if not STOP_SIGNALS:
-        return None
-    return (f"stopped by signal {STOP_SIGNALS[0]}: each property ended at its running example; "
-            "the table holds every example run")
+    def stopped_line(self) -> str | None:
+        """The summary's line when a signal stopped the run, else ``None``."""
+        if not self.stop_signals:
+            return None
+        return (f"stopped by signal {self.stop_signals[0]}: each property ended at its running "
+                "example; the table holds every example run")
+
+    @contextmanager
+    def running(self, config: pytest.Config, index: int) -> Iterator[Shard]:
+        """Shard ``index`` is the running test's while the context lasts (:meth:`current_shard`):
+        Hypothesis draws from its seed (``hypothesis.core.global_force_seed``, what
+        ``--hypothesis-seed`` sets; the property turns ``derandomize`` off, which would override
+        it). The example database stays in use (Hypothesis leaves it off under a forced seed, but
+        not for a test that carries its key, as ``run_property``'s do: :func:`database_key`), and
+        the property's source, from which a derandomized run's examples are drawn, is left as it
+        is."""
+        shard = Shard(index, config.getoption("--shards"), seed_base(config) + index)
+        previous = hypothesis.core.global_force_seed
+        self._shards.append(shard)
+        hypothesis.core.global_force_seed = shard.seed
+        try:
+            yield shard
+        finally:
+            self._shards.remove(shard)
+            hypothesis.core.global_force_seed = previous
+
+    def current_shard(self) -> Shard | None:
+        """The running test's shard, or ``None`` when the run is not sharded."""
+        return self._shards[-1] if self._shards else None
 
 
 class WorkersFirst:
     """An xdist controller's SIGINT and SIGTERM handler. The first signal goes on to the workers
-    alone: each winds down (:func:`wind_down`) and hands its tallies over, and the controller,
+    alone: each winds down (:meth:`Campaign.wind_down`) and hands its tallies over, and the controller,
     left running, merges them, prints the table and ends with pytest's status for an interrupted
     run (2). A worker xdist starts after it (replacing one that died) winds down at once
     (:func:`configure_node`). Signals in the next :data:`GRACE` seconds are ignored; a later
     one interrupts the workers and the controller. Interrupted together, the controller would stop
     before the workers' tallies reached it."""
 
-    def __init__(self) -> None:
+    def __init__(self, campaign: Campaign) -> None:
+        self.campaign = campaign
         self.forwarded_at: float | None = None
 
     def __call__(self, signum: int, frame) -> None:
@@ -254,40 +284,38 @@ class WorkersFirst:
             workers = child_pids(os.getpid())
             if workers:
                 self.forwarded_at = time.monotonic()
-                STOP_SIGNALS.append(signum)  # workers xdist starts from now on wind down at once
+                self.campaign.stop_signals.append(signum)  # workers xdist starts from now on wind down
                 signal_pids(workers, signal.SIGINT)
                 return
         elif time.monotonic() - self.forwarded_at < GRACE:
             return
         signal_pids(child_pids(os.getpid()), signal.SIGINT)  # their second: workers stuck in an example
-        interrupt(signum, frame)
+        self.campaign.interrupt(signum, frame)
 
 
-
-
-def end_worker(cause: str) -> NoReturn:
+def end_worker(tallies: Tallies, cause: str) -> NoReturn:
     """Worker side, its CUDA context broken (``cause``): save the tallies, note the cause with
     the current example and exit, so that xdist starts a fresh worker for the tests left and
     the controller reports this example once (:func:`collect_node`)."""
-    save_now()
-    note_cause(cause)
+    tallies.save_now()
+    tallies.note_cause(cause)
     os._exit(3)
 
 
-def collect_node(node, error) -> None:
+def collect_node(run: RunContext, node, error) -> None:
     """Controller side: merge the worker's tallies; a dead worker's last example is a failure."""
     worker = node.workerinput.get("workerid", "?")
-    if worker in _COLLECTED:  # an interrupted worker: finished (merged then), and down again
+    if worker in run.campaign.collected:  # an interrupted worker: finished (merged then), and down again
         return
-    _COLLECTED.add(worker)
+    run.campaign.collected.add(worker)
     folder = node.workerinput.get(_FOLDER)
     found = getattr(node, "workeroutput", {}).get("flashprop_tallies")
     tally, current = _files(folder, worker) if folder else (None, None)
     if found is None and tally is not None and tally.exists():
         found = json.loads(tally.read_text())
-    merge_rows(found or [])
-    for name, value in getattr(node, "workeroutput", {}).get("flashprop_compile", {}).items():
-        setattr(compile_locks.STATS, name, getattr(compile_locks.STATS, name) + value)
+    run.tallies.merge_rows(found or [])
+    compiled = getattr(node, "workeroutput", {}).get("flashprop_compile", {})
+    run.campaign.workers_compiled += CompileStats(**compiled)
     if error is not None and current is not None and current.exists():
         last = json.loads(current.read_text())
         why = str(error).strip().splitlines()[-1] if error else ""
@@ -295,7 +323,7 @@ def collect_node(node, error) -> None:
         raised = f"the kernel raised {last['cause']}" if "cause" in last else None
         found = Failure(last["kernel"], last["property"], last["problem"], (died,) if raised else (),
                         error=raised or died, replay=last["replay"])
-        record(last["kernel"], last["property"], "failed", 0.0, found)
+        run.tallies.record(last["kernel"], last["property"], "failed", 0.0, found)
     for path in (tally, current):
         if path is not None and path.exists():
             os.unlink(path)
@@ -321,9 +349,6 @@ class Shard:
         if not mine:
             pytest.skip(f"{self}: {prop}'s {examples} examples all went to the shards before it")
         return mine
-
-
-_running: list[Shard] = []
 
 
 def seed_base(config: pytest.Config) -> int:
@@ -353,28 +378,3 @@ def header(config: pytest.Config) -> str | None:
     base = seed_base(config)
     return (f"flashprop: {count} shards per property test, Hypothesis seeds {base}..{base + count - 1} "
             f"(--hypothesis-seed {base} draws them again)")
-
-
-@contextmanager
-def running(config: pytest.Config, index: int) -> Iterator[Shard]:
-    """Shard ``index`` is the running test's while the context lasts (:func:`current_shard`):
-    Hypothesis draws from its seed (``hypothesis.core.global_force_seed``, what
-    ``--hypothesis-seed`` sets; the property turns ``derandomize`` off, which would override it).
-    The example database stays in use (Hypothesis leaves it off under a forced seed, but not
-    for a test that carries its key, as ``run_property``'s do: :func:`database_key`), and the
-    property's source, from which a derandomized run's examples are drawn, is left as it is."""
-    shard = Shard(index, config.getoption("--shards"), seed_base(config) + index)
-    previous = hypothesis.core.global_force_seed
-    _running.append(shard)
-    hypothesis.core.global_force_seed = shard.seed
-    try:
-        yield shard
-    finally:
-        _running.remove(shard)
-        hypothesis.core.global_force_seed = previous
-
-
-def current_shard() -> Shard | None:
-    """The running test's shard, or ``None`` when the run is not sharded."""
-    return _running[-1] if _running else None
-

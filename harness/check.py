@@ -1,8 +1,10 @@
 """The property harness: run a kernel on a drawn problem, judge it, report a failure well.
 
 Every property is a function ``check(kernel, problem)`` that raises :class:`PropertyFailure`
-with :func:`failure`'s message. :func:`run_property` drives it with Hypothesis, so failures are
-shrunk to a minimal problem, and keeps the per-property tallies of :mod:`harness.report`.
+with :func:`failure`'s message. :func:`run_property` drives it with Hypothesis under the run's
+:class:`harness.run_context.RunContext` (its settings, replay target and time box), so failures
+are shrunk to a minimal problem, and keeps the context's per-property tallies
+(:class:`harness.report.Tallies`).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import contextlib
 import functools
 import os
 import shlex
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -38,21 +42,13 @@ from ..refimpl.layouts import (
     varlen_rounding_bound,
     varlen_yardstick,
 )
-from . import campaign, timebox
-from .campaign import current_shard, database_key, end_worker, stop_if_asked
+from .campaign import database_key, end_worker
 from .diagnosis import NEIGHBOUR_WORK, diagnose, diagnose_gradients, work
 from .failures import Failure
-from .report import (
-    TALLIES,
-    begin,
-    expect,
-    keep_failure,
-    note_time_box,
-    noting,
-    record,
-)
-from .strategies import DRAWN
+from .run_context import RunContext
+from .strategies import drawing
 from .symptoms import Relation, Symptom
+from .timebox import Shrinking
 from .tolerance import Comparison, Conditioning, compare, conditioning, finite_max_abs
 
 #: Per entry point (``Problem.mode``): float64 golden, golden backward, yardstick.
@@ -98,17 +94,24 @@ class KernelRefused(Exception):
     """The kernel raised a clear error (ValueError, TypeError, NotImplementedError)."""
 
 
+class ContextBroken(BaseException):
+    """The kernel broke the CUDA context (``failure``: the record of the problem that did it).
+    :func:`run_property` notes it in the run's :attr:`RunContext.broken` and fails the test; a
+    BaseException, so that no property's own ``except Exception`` takes it for the kernel's
+    error."""
+
+    def __init__(self, failure: Failure, cause: str) -> None:
+        super().__init__(f"the CUDA context is broken; the problem that broke it:\n{failure}")
+        self.failure, self.cause = failure, cause
+
+
 class TimeBoxSpent(pytest.skip.Exception):
     """A property's share of the time box is spent (raised at its next example). A skip to
     Hypothesis, which stops at once (in its explicit phase too, unshrunk); :func:`run_property`
     ends the property there, a pass with the examples it ran (one at least)."""
 
 
-#: Kernels that broke the CUDA context: name -> the failure of the problem that did it. The
-#: context is the process's, so once it is broken every later GPU test of any kernel is skipped,
-#: saying why.
-BROKEN: dict[str, Failure] = {}
-
+#: What an error says when the CUDA context is lost (:class:`ContextBroken`).
 _CUDA_FATAL = (
     "illegal memory access",
     "unspecified launch failure",
@@ -153,13 +156,15 @@ def replay_command(kernel: str, prop: str, problem: Problem) -> str:
     at the running test function (from ``PYTEST_CURRENT_TEST``) when its file is reachable from
     the working folder (a checkout), else (flashprop installed, its tests collected with
     ``--pyargs``: their node ids are relative to the installed package) the ``flashprop replay``
-    command, which works from any folder with the user's python."""
+    command, which works from any folder with the user's python, collecting the running test
+    alone (:func:`module_test`)."""
     current = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].split("[")[0]
     target = current or "properties"
     arg = f"{prop}:{problem.describe()}"
     quoted = f'"{arg}"' if not set(arg) & set('"$`\\!') else shlex.quote(arg)  # readable quoting
     if target.startswith("::") or not Path(target.split("::")[0]).exists():
-        test = f" --test {RUNNING_TEST}" if current and RUNNING_TEST else ""  # only inside that test
+        found = module_test(current) if current else None  # only inside that test
+        test = f" --test {found}" if found else ""
         return (f"python -m flashprop.cli replay {shlex.quote(kernel)} {quoted} "
                 f"--device {problem.device}{test}")
     return (
@@ -168,14 +173,18 @@ def replay_command(kernel: str, prop: str, problem: Problem) -> str:
     )
 
 
-#: The running property test as ``MODULE::FUNCTION`` (set by the plugin as each test starts): a
-#: replay outside a checkout collects that test alone (``flashprop replay --test``).
-RUNNING_TEST: str | None = None
-#: Set by ``--replay PROPERTY:Problem(...)``: run only that property, on only that problem.
-REPLAY: tuple[str, Problem] | None = None
-#: Settings the command line sets over the loaded profile (``--max-examples``, ``--example-db``),
-#: applied when each property runs, whatever order the plugins loaded their profiles in.
-OVERRIDES: dict = {}
+def module_test(node_id: str) -> str | None:
+    """The test of pytest node id ``node_id`` (its parameters cut) as ``MODULE::FUNCTION``, what
+    ``flashprop replay --test`` collects: the last part of its module's name and its function. A
+    node id without its file (pytest given the module itself, ``--pyargs MODULE::FUNCTION``, as a
+    replay is) names the module by the loaded property module that defines the function."""
+    path, _, function = node_id.partition("::")
+    if path:
+        return f"{Path(path).stem}::{function}"
+    package = f"{__package__.rpartition('.')[0]}.properties."
+    found = [name.rpartition(".")[2] for name, module in list(sys.modules.items())
+             if name.startswith(package) and callable(getattr(module, function, None))]
+    return f"{found[0]}::{function}" if len(found) == 1 else None
 
 
 @dataclass
@@ -208,11 +217,12 @@ def run_kernel(
     :class:`KernelInputs`, or a dense problem's ``q, k, v`` with the problem's variant keywords);
     gradients for q, k, v (and sinks) if ``backward``.
 
-    A clear error on a ``declared`` problem, any other exception, or a broken CUDA context is a
-    :class:`PropertyFailure`. On an undeclared problem (``declared=False``, the error contract)
-    a clear error raises :class:`KernelRefused` instead. ``malformed``: ``inputs`` are the
-    problem's with that malformed input applied (``harness.variant_problems.malformed_inputs``),
-    which a failure's repro rebuilds.
+    A clear error on a ``declared`` problem, or any other exception, is a
+    :class:`PropertyFailure`; an error that broke the CUDA context is a :class:`ContextBroken`
+    (:func:`run_property` ends the test on it). On an undeclared problem (``declared=False``, the
+    error contract) a clear error raises :class:`KernelRefused` instead. ``malformed``: ``inputs``
+    are the problem's with that malformed input applied
+    (``harness.variant_problems.malformed_inputs``), which a failure's repro rebuilds.
     """
     if inputs is None:
         inputs = problem.kernel_inputs(requires_grad=backward)
@@ -251,15 +261,7 @@ def run_kernel(
         message = failure(kernel, problem, prop, [], error=f"the kernel raised {text}", backward=backward,
                           malformed=bad)
         if any(s in str(err) for s in _CUDA_FATAL):
-            # A dead CUDA context cannot run anything again. A campaign worker ends itself, its
-            # problem noted with the cause: xdist starts a fresh worker (a fresh context) for
-            # the rest. A lone process reports this problem once, as it is: the shrinking
-            # Hypothesis still does fails at once (run_property) and does not overwrite it.
-            if noting():
-                end_worker(text.splitlines()[0])
-            BROKEN[kernel.name] = message
-            record(kernel.name, prop, "failed", 0.0, message)
-            pytest.fail(f"the CUDA context is broken; the problem that broke it:\n{message}", pytrace=False)
+            raise ContextBroken(message, text.splitlines()[0]) from err
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         lost = "declares returns_lse but returned only o"
@@ -406,7 +408,20 @@ def assert_close_to_golden(
                                       symptom=Symptom.of(results, actual, expected)), later=diagnoses)
 
 
-def _diagnosed_by_its_call(kernel: Kernel, prop: str, found: Failure) -> Failure:
+def _context_broke(run: RunContext, kernel: Kernel, prop: str, broke: ContextBroken) -> NoReturn:
+    """``kernel`` broke the CUDA context: a dead context cannot run anything again. A campaign
+    worker ends itself, its problem noted with the cause: xdist starts a fresh worker (a fresh
+    context) for the rest. A lone process reports this problem once, as it is (the run's
+    :attr:`RunContext.broken`): the shrinking Hypothesis still does fails at once
+    (:func:`run_property`) and does not overwrite it."""
+    if run.tallies.noting():
+        end_worker(run.tallies, broke.cause)
+    run.broken[kernel.name] = broke.failure
+    run.tallies.record(kernel.name, prop, "failed", 0.0, broke.failure)
+    pytest.fail(str(broke), pytrace=False)
+
+
+def _diagnosed_by_its_call(run: RunContext, kernel: Kernel, prop: str, found: Failure) -> Failure:
     """A failure that names no error, diagnosis or symptom (a property's own check: a metamorphic
     relation, empty rows, gradcheck), on a problem whose plain call is off the golden too and
     diagnosed (:func:`assert_close_to_golden`): with that call's symptom line and diagnoses, so
@@ -414,7 +429,7 @@ def _diagnosed_by_its_call(kernel: Kernel, prop: str, found: Failure) -> Failure
     derivatives on the rows it breaks). Problems of the plain layouts, without dropout, within
     the neighbours' work limit (``diagnosis.NEIGHBOUR_WORK``) only; any other outcome leaves
     ``found`` as it is."""
-    if found.error or found.diagnoses or found.symptom or kernel.name in BROKEN:
+    if found.error or found.diagnoses or found.symptom or kernel.name in run.broken:
         return found
     try:
         p = Problem.parse(found.problem)
@@ -432,21 +447,25 @@ def _diagnosed_by_its_call(kernel: Kernel, prop: str, found: Failure) -> Failure
             return found
         alone = f"its call on this problem alone is {seen.symptom.line()}"
         return found.replace(details=(*found.details, alone), diagnoses=seen.diagnoses)
+    except ContextBroken as broke:
+        _context_broke(run, kernel, prop, broke)
     except Exception:  # the call or the golden could not be made here: the failure as it was found
         return found
     return found
 
 
-def _reported(kernel: Kernel, prop: str, err: PropertyFailure, note: str | None) -> PropertyFailure:
+def _reported(run: RunContext, kernel: Kernel, prop: str, err: PropertyFailure,
+              note: str | None) -> PropertyFailure:
     """The shrunk failure as it is reported: its record whole (diagnoses, or those of its plain
     call: :func:`_diagnosed_by_its_call`) and the note of a shrink cut short; ``err`` itself when
     neither adds anything."""
-    found = _diagnosed_by_its_call(kernel, prop, err.failure)
+    found = _diagnosed_by_its_call(run, kernel, prop, err.failure)
     found = found if note is None else found.replace(note=note)
     return err if found is err.failure else PropertyFailure(found)
 
 
 def run_property(
+    run: RunContext,
     kernel: Kernel,
     prop: str,
     problems: st.SearchStrategy[Problem],
@@ -455,7 +474,8 @@ def run_property(
     weight: float = 1.0,
     explicit: Sequence[Problem] = (),
 ) -> None:
-    """Drive ``check`` with Hypothesis over ``problems``; tally each example.
+    """Drive ``check`` with Hypothesis over ``problems`` under the run's context ``run`` (its
+    settings, ``--replay``, ``--shards``, time box and tallies); tally each example.
 
     ``check`` returns ``"refused"`` when the kernel clearly refused an undeclared problem
     (error-contract properties), else ``None`` for a pass; it raises on failure. ``weight``
@@ -465,48 +485,48 @@ def run_property(
     :func:`campaign.database_key` (the kernel, its declaration, the test case and ``prop``), in
     use under ``--shards`` and ``--hypothesis-seed`` too.
     """
-    if BROKEN:
-        message = next(iter(BROKEN.values()))
+    if run.broken:
+        message = next(iter(run.broken.values()))
         pytest.skip(
             f"the CUDA context is broken since {message.render().splitlines()[0]} (reported there); "
             "run the campaign on xdist workers (-n), which replace a broken worker"
         )
-    base = settings(settings.default, **OVERRIDES)
+    base = run.hypothesis_settings()
     n = max(1, round(base.max_examples * weight))
-    shard = current_shard()
-    if REPLAY is not None:
-        replay_prop, replay_problem = REPLAY
-        if prop != replay_prop:
-            pytest.skip(f"--replay runs property {replay_prop!r} only")
-        problems, n, explicit = st.just(replay_problem), 1, ()
+    shard = run.campaign.current_shard()
+    tallies = run.tallies
+    if run.replay is not None:
+        if prop != run.replay.prop:
+            pytest.skip(f"--replay runs property {run.replay.prop!r} only")
+        problems, n, explicit = st.just(run.replay.problem), 1, ()
         base = settings(base, database=None, phases=[Phase.generate])
-    elif shard is not None:  # --shards: this shard's share, drawn from its seed (campaign.running)
+    elif shard is not None:  # --shards: this shard's share, drawn from its seed (Campaign.running)
         n = shard.share(prop, n)
         base = settings(base, derandomize=False)
         explicit = explicit if shard.index == 0 else ()
     if Phase.explicit not in base.phases:
         explicit = ()
 
-    ran_before = TALLIES[(kernel.name, prop)].run  # this call's examples: those after
+    ran_before = tallies[kernel.name, prop].run  # this call's examples: those after
     errors: list[BaseException] = []  # check raised, not a failure: Hypothesis shrinks it, uncut
-    slot = timebox.share()
-    shrinking = timebox.Shrinking(None if slot is None else slot[0])
-    expect(kernel.name, prop, n + len(explicit))
+    slot = run.time_box.share()
+    shrinking = Shrinking(None if slot is None else slot[0], run.shrink_seconds)
+    tallies.expect(kernel.name, prop, n + len(explicit))
 
     def examples(problem: Problem) -> None:
-        if kernel.name in BROKEN:  # shrinking after a broken context: nothing can run
-            pytest.fail(f"the CUDA context is broken; the problem that broke it:\n{BROKEN[kernel.name]}",
-                        pytrace=False)
-        tally = TALLIES[(kernel.name, prop)]
-        stop_if_asked(tally.run)
+        if kernel.name in run.broken:  # shrinking after a broken context: nothing can run
+            pytest.fail("the CUDA context is broken; the problem that broke it:\n"
+                        f"{run.broken[kernel.name]}", pytrace=False)
+        tally = tallies[kernel.name, prop]
+        run.campaign.stop_if_asked(tally.run)
         # a share spent stops the property from its second example on: each property runs one
         if (slot is not None and tally.run > ran_before and time.monotonic() > slot[0]
                 and not tally.failed and not errors):
-            timebox.note_cut()  # a property that found a failure shrinks it whatever the time
+            run.time_box.note_cut()  # a property that found a failure shrinks it whatever the time
             raise TimeBoxSpent(f"{prop}'s share ({slot[1]:.0f} s) was spent after "
                                f"{tally.run - ran_before} examples")
-        if noting():
-            begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
+        if tallies.noting():
+            tallies.begin(kernel.name, prop, problem.describe(), replay_command(kernel.name, prop, problem))
         if shrinking.over():  # the shrink's time is spent: only the failures found fail again
             found = shrinking.failure_of(problem)
             if found is not None:
@@ -517,16 +537,23 @@ def run_property(
         try:
             outcome = judged(kernel, problem) or "passed"
         except PropertyFailure as err:
-            record(kernel.name, prop, "failed", time.perf_counter() - start, err.brief)
+            counted("failed", time.perf_counter() - start, err.brief)
             shrinking.failed(problem, err)
             raise
-        record(kernel.name, prop, outcome, time.perf_counter() - start)
+        except ContextBroken as broke:
+            _context_broke(run, kernel, prop, broke)
+        counted(outcome, time.perf_counter() - start)
+
+    def counted(outcome: str, seconds: float, found: Failure | None = None) -> None:
+        """One example in the tallies, and the progress line when one is due."""
+        tallies.record(kernel.name, prop, outcome, seconds, found)
+        run.time_box.tick(tallies.examples, tallies.failed_examples, tallies.properties_run())
 
     def judged(kernel: Kernel, problem: Problem) -> str | None:
         """``check``, noting an exception that is not a failure, a rejection or a skip."""
         try:
             return check(kernel, problem)
-        except (PropertyFailure, UnsatisfiedAssumption, pytest.skip.Exception):
+        except (PropertyFailure, ContextBroken, UnsatisfiedAssumption, pytest.skip.Exception):
             raise
         except BaseException as err:
             errors.append(err)
@@ -534,22 +561,22 @@ def run_property(
 
     for problem in reversed(explicit):
         examples = example(problem)(examples)
-    DRAWN.reset()
     try:
         test = settings(base, max_examples=n)(given(problems)(examples))
         # Hypothesis keys the database by the test function's source, one for every property here
-        test._hypothesis_internal_database_key = database_key(kernel, prop, campaign.RUNNING_CASE)
-        test()
+        test._hypothesis_internal_database_key = database_key(kernel, prop, run.running.case)
+        with drawing() as drawn:  # what the declaration check saw of the draws
+            test()
     except PropertyFailure as err:  # the shrunk failure: its record whole (diagnoses), and whether cut
-        found = _reported(kernel, prop, err, shrinking.note())
-        keep_failure(kernel.name, prop, found.failure)
+        found = _reported(run, kernel, prop, err, shrinking.note())
+        tallies.keep_failure(kernel.name, prop, found.failure)
         if found is err:
             raise
         raise found from None
     except TimeBoxSpent:
-        note_time_box(kernel.name, prop)  # a pass: every example it ran passed
+        tallies.note_time_box(kernel.name, prop)  # a pass: every example it ran passed
     except Unsatisfiable:
-        undeclared = DRAWN.nothing_declared()
+        undeclared = drawn.nothing_declared()
         if undeclared is None:  # the property's own conditions draw nothing: its defect
             raise
         pytest.skip(f"kernel {kernel.name} declares none of the problems {prop} needs ({undeclared})")
@@ -558,8 +585,8 @@ def run_property(
         if not members or not any(isinstance(e, PropertyFailure) for e in members):
             raise
         note = shrinking.note()
-        reported = [_reported(kernel, prop, e, note) if isinstance(e, PropertyFailure) else e
+        reported = [_reported(run, kernel, prop, e, note) if isinstance(e, PropertyFailure) else e
                     for e in members]
         for i, found in enumerate(e for e in reported if isinstance(e, PropertyFailure)):
-            keep_failure(kernel.name, prop, found.failure, part=i)
+            tallies.keep_failure(kernel.name, prop, found.failure, part=i)
         raise err.derive(reported) from None

@@ -28,9 +28,6 @@ from typing import Any
 ENV = "FLASHPROP_TRITON_COMPILE_LOCKS"
 WAIT_SECONDS = 300.0
 
-_held: dict[str, int] = {}  # variant hash -> file descriptor holding its lock
-_started: dict[str, float] = {}  # variant hash -> when its compilation (or cache load) began
-
 
 @dataclass
 class CompileStats:
@@ -70,80 +67,105 @@ _LINE = re.compile(r"Triton: (?P<variants>\d+) kernel variants compiled or loade
                    r"compilations \((?P<waited>\d+) variants\)")
 
 
-STATS = CompileStats()
-
-
 def variant_hash(compile_info: dict[str, Any]) -> str:
     """A name for one compiled variant: Triton's serialised specialisation (kernel name,
     signature, constexprs, attributes, options)."""
     return hashlib.sha256(compile_info["specialization_data"].encode()).hexdigest()[:32]
 
 
-def _release(name: str) -> None:
-    fd = _held.pop(name, None)
-    if fd is not None:
-        os.close(fd)  # closing the descriptor drops its flock
+class CompileLocks:
+    """This process's compile locks under ``directory`` (what :func:`install` hands Triton's hooks):
+    the locks it holds, when each of its compilations began, and where its Triton time went
+    (:attr:`stats`)."""
 
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.held: dict[str, int] = {}  # variant hash -> file descriptor holding its lock
+        self.started: dict[str, float] = {}  # variant hash -> when its compilation (or cache load) began
+        self.stats = CompileStats()
 
-def before_compile(directory: str, compile_info: dict[str, Any]) -> None:
-    """Wait (at most ``WAIT_SECONDS``) for the lock of this variant and keep it."""
-    for name in list(_held):  # a compilation that raised never reached after_compile
-        _release(name)
-    name = variant_hash(compile_info)
-    fd = os.open(os.path.join(directory, name), os.O_CREAT | os.O_RDWR, 0o644)
-    start = time.monotonic()
-    waited = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            waited = True
-            if time.monotonic() > start + WAIT_SECONDS:
-                os.close(fd)
-                fd = -1
+    def _release(self, name: str) -> None:
+        fd = self.held.pop(name, None)
+        if fd is not None:
+            os.close(fd)  # closing the descriptor drops its flock
+
+    def before_compile(self, compile_info: dict[str, Any]) -> None:
+        """Wait (at most ``WAIT_SECONDS``) for the lock of this variant and keep it."""
+        for name in list(self.held):  # a compilation that raised never reached after_compile
+            self._release(name)
+        name = variant_hash(compile_info)
+        fd = os.open(os.path.join(self.directory, name), os.O_CREAT | os.O_RDWR, 0o644)
+        start = time.monotonic()
+        waited = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            time.sleep(0.05)
-    now = time.monotonic()
-    STATS.waited += waited
-    STATS.wait_seconds += now - start
-    _started[name] = now
-    if fd >= 0:
-        _held[name] = fd
+            except BlockingIOError:
+                waited = True
+                if time.monotonic() > start + WAIT_SECONDS:
+                    os.close(fd)
+                    fd = -1
+                    break
+                time.sleep(0.05)
+        now = time.monotonic()
+        self.stats.waited += waited
+        self.stats.wait_seconds += now - start
+        self.started[name] = now
+        if fd >= 0:
+            self.held[name] = fd
+
+    def after_compile(self, compile_info: dict[str, Any]) -> None:
+        """Release this variant's lock: it is in the on-disk cache now."""
+        name = variant_hash(compile_info)
+        self._release(name)
+        started = self.started.pop(name, None)
+        if started is not None:
+            self.stats.variants += 1
+            self.stats.compile_seconds += time.monotonic() - started
+
+    def cache_hook(self, *, compile: dict[str, Any], **_: Any) -> bool:
+        """Triton's ``jit_cache_hook``: lock the variant, then compile (or load it) as usual."""
+        self.before_compile(compile)
+        return False
+
+    def post_compile_hook(self, *, compile: dict[str, Any], **_: Any) -> None:
+        """Triton's ``jit_post_compile_hook``."""
+        self.after_compile(compile)
 
 
-def after_compile(compile_info: dict[str, Any]) -> None:
-    """Release this variant's lock: it is in the on-disk cache now."""
-    name = variant_hash(compile_info)
-    _release(name)
-    started = _started.pop(name, None)
-    if started is not None:
-        STATS.variants += 1
-        STATS.compile_seconds += time.monotonic() - started
-
-
-def installed() -> bool:
-    """Whether this process's Triton compilations go through these locks."""
+def installed() -> CompileLocks | None:
+    """The compile locks this process's Triton compilations go through (None: none): Triton's
+    hooks hold them."""
     triton = sys.modules.get("triton")
-    return triton is not None and getattr(triton.knobs.runtime.jit_cache_hook, "flashprop", False)
+    if triton is None:
+        return None
+    locks = getattr(triton.knobs.runtime.jit_cache_hook, "__self__", None)
+    return locks if isinstance(locks, CompileLocks) else None
 
 
-def install(directory: str) -> None:
+def install(directory: str) -> CompileLocks:
     """Set Triton's compilation hooks to lock per variant under ``directory``."""
     import triton
 
     os.makedirs(directory, exist_ok=True)
+    locks = CompileLocks(directory)
+    triton.knobs.runtime.jit_cache_hook = locks.cache_hook
+    triton.knobs.runtime.jit_post_compile_hook = locks.post_compile_hook
+    return locks
 
-    def cache_hook(*, compile: dict[str, Any], **_: Any) -> bool:
-        before_compile(directory, compile)
-        return False  # compile (or load from the on-disk cache) as usual
 
-    def post_compile_hook(*, compile: dict[str, Any], **_: Any) -> None:
-        after_compile(compile)
+def stats() -> CompileStats:
+    """This process's compile stats: those of its installed locks (empty when none are)."""
+    locks = installed()
+    return CompileStats() if locks is None else locks.stats
 
-    cache_hook.flashprop = True
-    triton.knobs.runtime.jit_cache_hook = cache_hook
-    triton.knobs.runtime.jit_post_compile_hook = post_compile_hook
+
+def __getattr__(name: str) -> CompileStats:
+    """``STATS``: :func:`stats` when it is read (``benchmarks/bench_first_call.py`` imports it)."""
+    if name == "STATS":
+        return stats()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install_from_environment() -> None:

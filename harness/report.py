@@ -5,6 +5,7 @@ job's summary page).
 
 The text table fits :data:`WIDTH` columns (a note too long for its row wraps below it) and folds
 the tests that drew nothing into one line per kernel and reason (``--all-skips``: a row each).
+One session's tallies are a :class:`Tallies`, which its ``harness.run_context.RunContext`` owns.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 
-from . import timebox
 from .causes import Group, group
 from .failures import Failure
 
@@ -57,97 +57,15 @@ class Tally:
         return self.passed + self.refused + self.failed
 
 
-#: (kernel, property) -> Tally, filled by harness.check during the session.
-TALLIES: dict[tuple[str, str], Tally] = defaultdict(Tally)
 #: While examples are recorded, the tallies are also saved every this many seconds (see
-#: :func:`autosave`): a process killed before its summary keeps all but its last seconds.
+#: :meth:`Tallies.autosave`): a process killed before its summary keeps all but its last seconds.
 AUTOSAVE_SECONDS = 10.0
-_autosave = {"path": None, "at": 0.0}
-#: Examples and failures recorded in this process (for the progress lines).
-_totals = {"examples": 0, "failed": 0}
-#: The running test: the property it recorded examples of (its skip is noted there), its own
-#: share of that property's tally (a sharded or repeated property has several tests) and its case
-#: (``harness.campaign.RUNNING_CASE``: the key of its failure in the property's tally).
-_item: dict = {"prop": None, "tally": Tally(), "case": ""}
-
-
-def autosave(path: str) -> None:
-    """Save the tallies to ``path`` now and then while the session runs, as :func:`dump` does at
-    its end (``--tally-json``): a process killed by a time limit or a crash leaves its tally."""
-    _autosave["path"] = path
-
-
-def record(kernel: str, prop: str, outcome: str, seconds: float, failure: Failure | None = None) -> None:
-    """Count one example of ``prop`` on ``kernel`` (``failure``: its record)."""
-    tally = TALLIES[(kernel, prop)]
-    for counted in (tally, _item["tally"]):
-        setattr(counted, outcome, getattr(counted, outcome) + 1)
-        counted.seconds += seconds
-    if failure is not None:
-        keep_failure(kernel, prop, failure)
-    _item["prop"] = prop
-    # saved at a property's first failure (not at each of its shrinking steps), else now and then
-    first_failure = outcome == "failed" and tally.failed == 1
-    now = time.monotonic()
-    if _autosave["path"] and (first_failure or now - _autosave["at"] >= AUTOSAVE_SECONDS):
-        _autosave["at"] = now
-        dump(_autosave["path"])
-    _totals["examples"] += 1
-    _totals["failed"] += outcome == "failed"
-    timebox.tick(_totals["examples"], _totals["failed"], sum(t.run > 0 for t in TALLIES.values()))
-
-
-def keep_failure(kernel: str, prop: str, failure: Failure, part: int = 0) -> None:
-    """``failure`` is the latest of ``prop`` on ``kernel``, and of the running test case (``part``:
-    which of the distinct failures Hypothesis found in it)."""
-    tally = TALLIES[(kernel, prop)]
-    tally.last_failure = _item["tally"].last_failure = failure
-    tally.failures[_item["case"] + (f" ({part + 1})" if part else "")] = failure
 
 
 def failures_of(tally: Tally) -> list[Failure]:
     """The last failure of each test case of the tally's property (of a row an older flashprop
     wrote: its last failure)."""
     return list(tally.failures.values()) or ([tally.last_failure] if tally.last_failure else [])
-
-
-def expect(kernel: str, prop: str, examples: int) -> None:
-    """Note that ``prop`` on ``kernel`` is asked for ``examples`` examples (the profile's or
-    ``--max-examples``'s number times the property's weight)."""
-    TALLIES[(kernel, prop)].asked += examples
-    _item["tally"].asked += examples
-    _item["prop"] = prop
-
-
-def note_time_box(kernel: str, prop: str) -> None:
-    """Note that the time box stopped ``prop`` on ``kernel`` when its share was spent."""
-    TALLIES[(kernel, prop)].cut += 1
-    _item["tally"].cut += 1
-
-
-def forget(kernel: str) -> None:
-    """Drop every tally of ``kernel`` (a meta-test's stand-in kernel, kept out of the summary)."""
-    for key in [key for key in TALLIES if key[0] == kernel]:
-        del TALLIES[key]
-
-
-def start_item(case: str | None = None) -> None:
-    """A test starts (``case``: its case, ``harness.campaign.RUNNING_CASE``): a skip noted from now
-    on belongs to the property it records, if any; its own counts start at 0."""
-    _item.update(prop=None, tally=Tally(), case=case or "")
-
-
-def running_item() -> tuple[str | None, Tally]:
-    """The running test's property (``None``: it recorded none) and its own share of its tally."""
-    return _item["prop"], _item["tally"]
-
-
-def note_skip(kernel: str, label: str, reason: str) -> None:
-    """Note why the running test on ``kernel`` was skipped: on the property it recorded (it had
-    begun), else on ``label`` (the test's name: it skipped before drawing). Only the reason's
-    first line: what Hypothesis appends to an exception (its examples) stays out of the table."""
-    first = reason.strip().splitlines()[0] if reason.strip() else "(no reason given)"
-    TALLIES[(kernel, _item["prop"] or label)].skipped.append(first)
 
 
 def _note(tally: Tally, numbers: dict[tuple[str, str], list[int]], key: tuple[str, str]) -> str:
@@ -168,63 +86,12 @@ def _drew_nothing(tally: Tally) -> bool:
     return tally.run == 0 and bool(tally.skipped)
 
 
-def _ordered() -> list[tuple[tuple[str, str], Tally]]:
-    """Tallies that ran examples, then those only skipped, each by kernel and property."""
-    return sorted(TALLIES.items(), key=lambda kv: (kv[1].run == 0, kv[0]))
-
-
-def _skipped_alike(kernel: str) -> tuple[int, str] | None:
-    """``(tests, reason)`` when every test of ``kernel`` was skipped before drawing, all for one
-    reason (a kernel that cannot load here, a device it does not declare), else ``None``."""
-    tallies = [t for (k, _), t in TALLIES.items() if k == kernel]
-    reasons = {reason for t in tallies for reason in t.skipped}
-    if len(tallies) < 2 or len(reasons) != 1 or any(t.run or t.asked for t in tallies):
-        return None
-    return len(tallies), reasons.pop()
-
-
 def _rate(tally: Tally) -> str:
     """Examples per second: whole numbers from 100 on, else one decimal."""
     if tally.seconds <= 0:
         return "-"
     rate = tally.run / tally.seconds
     return f"{rate:.0f}" if rate >= 100 else f"{rate:.1f}"
-
-
-def table_rows() -> list[tuple[str, ...]]:
-    """The table's rows as strings (:data:`COLUMNS`): one per tally that ran examples (or was
-    asked for some and ran none); a kernel whose tests were all skipped for one reason gets one
-    row; the tests that drew nothing are not rows (:func:`skipped_before_drawing`)."""
-    numbers: dict[tuple[str, str], list[int]] = defaultdict(list)
-    for i, g in enumerate(failure_groups(), 1):
-        for prop in dict.fromkeys(g.properties):
-            numbers[(g.kernel, prop)].append(i)
-    alike = {kernel: found for kernel, _ in TALLIES if (found := _skipped_alike(kernel))}
-    out: list[tuple[str, ...]] = []
-    for key, t in _ordered():
-        if key[0] in alike:
-            tests, reason = alike[key[0]]
-            row = (key[0], f"(all-{tests}-tests)", *("-",) * 6, f"skipped: {reason}")
-            out += [] if row in out else [row]
-            continue
-        if _drew_nothing(t):
-            continue
-        counts = (str(t.run), str(t.passed), str(t.refused), str(t.failed), _rate(t)) if t.run else ("-",) * 5
-        out.append((*key, *counts, str(t.asked) if t.asked else "-", _note(t, numbers, key)))
-    return out
-
-
-def skipped_before_drawing() -> list[tuple[str, str, list[str]]]:
-    """``(kernel, reason, tests)`` for the tests that drew no example, one per kernel and reason
-    (a kernel's most common reason first); a kernel whose tests were all skipped for one reason
-    is a row of the table instead."""
-    alike = {kernel for kernel, _ in TALLIES if _skipped_alike(kernel)}
-    found: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for (kernel, prop), t in sorted(TALLIES.items()):
-        if kernel not in alike and _drew_nothing(t):
-            found[(kernel, t.skipped[0])].append(prop)
-    return [(kernel, reason, tests) for (kernel, reason), tests in
-            sorted(found.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1]))]
 
 
 def _reason(kernel: str, reason: str) -> str:
@@ -238,7 +105,7 @@ UNDECLARED = "does not declare "
 
 
 def _skip_lines(folded: list[tuple[str, str, list[str]]], all_skips: bool) -> list[str]:
-    """:func:`skipped_before_drawing` as text, wrapped: per kernel, one line for the tests that
+    """:meth:`skipped_before_drawing` as text, wrapped: per kernel, one line for the tests that
     need what it does not declare (what, and how many tests each), then one per other reason;
     ``all_skips``: a line per test and its reason."""
     if all_skips:
@@ -274,31 +141,6 @@ def _wrapped(prefix: str, note: str) -> list[str]:
                                             **whole)]
 
 
-def summary_lines(all_skips: bool = False) -> list[str]:
-    """A table: kernel, property, examples run, passed, refused, failed, examples/s, examples
-    asked, and a note (the failure's cause number, a time box's stop, why the test was skipped);
-    then the tests that drew nothing, one line per kernel and reason (``all_skips``: one per
-    test). Lines of at most :data:`WIDTH` columns (unless a row's kernel and property alone are
-    wider)."""
-    if not TALLIES:
-        return []
-    rows = [COLUMNS, *table_rows()]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
-    header, *body = (_wrapped("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), ""]), r[-1]) for r in rows)
-    lines = [*header, "-" * min(WIDTH, len(header[0])), *(line for row in body for line in row)]
-    folded = skipped_before_drawing()
-    if folded:
-        tests = sum(len(names) for _, _, names in folded)
-        listed = ", each with its reason:" if all_skips else " (--all-skips lists each with its reason)"
-        lines.append(f"skipped before drawing: {tests} test{'s' * (tests > 1)}{listed}")
-    return lines + _skip_lines(folded, all_skips)
-
-
-def failure_groups() -> list[Group]:
-    """The failures in the tallies, grouped by cause (:func:`harness.causes.group`)."""
-    return group(f for _, t in sorted(TALLIES.items()) for f in failures_of(t))
-
-
 def _heading(number: int, g: Group) -> str:
     if len(g.properties) == 1:
         return f"[{number}] {g.kernel} / {g.properties[0]}"
@@ -315,133 +157,284 @@ def _members(g: Group) -> list[str]:
             *([f"with the same symptom, not diagnosed: {', '.join(g.inferred)}"] if g.inferred else []),
             f"the smallest problem {among} ({g.smallest.prop}):"]
 
+class Tallies:
+    """One session's tallies (one :class:`Tally` per kernel and property, :attr:`by_property`),
+    what the running test recorded, and where they are saved while the run goes on: owned by the
+    session's :class:`harness.run_context.RunContext` (a fresh one per pytest session; ``python -m
+    flashprop.harness.report`` merges files into one of its own)."""
 
-def failure_lines() -> list[str]:
-    """Each cause once: the properties it took down (apart: those with its symptom and no
-    diagnosis, :attr:`Group.inferred`) and the report of its smallest problem."""
-    lines: list[str] = []
-    for number, g in enumerate(failure_groups(), 1):
-        lines.append(_heading(number, g))
-        if len(g.properties) > 1:
-            lines += ["    " + line for line in _members(g)]
-        lines += ["    " + line for line in g.smallest.render().splitlines()]
-        lines.append("")
-    return lines
+    def __init__(self) -> None:
+        #: (kernel, property) -> Tally, filled by harness.check during the session.
+        self.by_property: dict[tuple[str, str], Tally] = defaultdict(Tally)
+        #: Examples and failures recorded in this process (for the progress lines).
+        self.examples = self.failed_examples = 0
+        #: The running test: the property it recorded examples of (its skip is noted there), its
+        #: own share of that property's tally (a sharded or repeated property has several tests)
+        #: and its case (``harness.campaign.case_of``: the key of its failure in the property's tally).
+        self.item_prop: str | None = None
+        self.item_tally = Tally()
+        self.item_case = ""
+        #: Where the tallies are saved now and then (:meth:`autosave`), and when they last were.
+        self.autosave_path: str | None = None
+        self.saved_at = 0.0
+        #: Where a parallel worker notes the example it is about to run (:meth:`begin`), so that
+        #: the controller can report the problem that killed it (a segfault, a lost CUDA context).
+        self.current_path: str | None = None
 
+    def __getitem__(self, key: tuple[str, str]) -> Tally:
+        return self.by_property[key]
 
-def markdown_lines() -> list[str]:
-    """The table and the failures by cause as markdown (for ``$GITHUB_STEP_SUMMARY``)."""
-    if not TALLIES:
-        return []
-    failed = sum(t.failed > 0 for t in TALLIES.values())
-    ran = sum(t.run > 0 for t in TALLIES.values())
-    verdict = f"{failed} of {ran} properties failed" if failed else f"{ran} properties passed"
-    kernels = ", ".join(sorted({kernel for kernel, _ in TALLIES}))
-    lines = [f"## flashprop on {kernels}: {verdict}", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in table_rows()]
-    folded = skipped_before_drawing()
-    if folded:
-        lines += ["", "Skipped before drawing (each reason lists its tests):", ""]
-    for kernel, reason, names in folded:
-        summary = html.escape(f"{kernel}: {len(names)} tests: {_reason(kernel, reason)}")
-        lines += [f"<details><summary>{summary}</summary>", "", ", ".join(names), "", "</details>"]
-    groups = failure_groups()
-    if groups:
-        lines += ["", "### Failures by cause", ""]
-    for number, g in enumerate(groups, 1):
-        lines += [f"<details><summary>{html.escape(_heading(number, g))}</summary>", ""]
-        if len(g.properties) > 1:
-            lines += ["; ".join(_members(g)), ""]
-        lines += ["```", *g.smallest.render().splitlines(), "```", "", "</details>", ""]
-    return [*lines, ""]
+    def properties_run(self) -> int:
+        """How many properties ran examples (for the progress lines)."""
+        return sum(t.run > 0 for t in self.by_property.values())
 
+    def status(self) -> int:
+        """The run's exit status as the tallies see it: 1 if any property failed, else 0."""
+        return 1 if any(t.failed for t in self.by_property.values()) else 0
 
-def rows() -> list[dict]:
-    """The tallies as JSON-able rows (what :func:`dump` writes and :func:`merge_rows` reads): the
-    last failure as its record (``failure``) and its report (``last_failure``, for scripts), and
-    the last of each test case (``failures``: case -> record)."""
-    out = []
-    for (k, p), t in sorted(TALLIES.items()):
-        found = t.last_failure
-        row = {f.name: getattr(t, f.name) for f in fields(t) if f.name not in ("last_failure", "failures")}
-        out.append({"kernel": k, "property": p, **row,
-                    "last_failure": None if found is None else found.render(),
-                    "failure": None if found is None else found.to_dict(),
-                    "failures": {case: f.to_dict() for case, f in t.failures.items()}})
-    return out
+    def autosave(self, path: str) -> None:
+        """Save the tallies to ``path`` now and then while the session runs, as :meth:`dump` does at
+        its end (``--tally-json``): a process killed by a time limit or a crash leaves its tally."""
+        self.autosave_path = path
 
+    def record(self, kernel: str, prop: str, outcome: str, seconds: float,
+               failure: Failure | None = None) -> None:
+        """Count one example of ``prop`` on ``kernel`` (``failure``: its record)."""
+        tally = self.by_property[(kernel, prop)]
+        for counted in (tally, self.item_tally):
+            setattr(counted, outcome, getattr(counted, outcome) + 1)
+            counted.seconds += seconds
+        if failure is not None:
+            self.keep_failure(kernel, prop, failure)
+        self.item_prop = prop
+        # saved at a property's first failure (not at each of its shrinking steps), else now and then
+        first_failure = outcome == "failed" and tally.failed == 1
+        now = time.monotonic()
+        if self.autosave_path and (first_failure or now - self.saved_at >= AUTOSAVE_SECONDS):
+            self.saved_at = now
+            self.dump(self.autosave_path)
+        self.examples += 1
+        self.failed_examples += outcome == "failed"
 
-def dump(path: str) -> None:
-    """Write the tallies as JSON (one pytest process's share of a parallel run), its folder made
-    if need be; the file is replaced whole, so a reader never sees half of it."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(rows(), f, indent=1)
-    os.replace(f"{path}.tmp", path)
+    def keep_failure(self, kernel: str, prop: str, failure: Failure, part: int = 0) -> None:
+        """``failure`` is the latest of ``prop`` on ``kernel``, and of the running test case (``part``:
+        which of the distinct failures Hypothesis found in it)."""
+        tally = self.by_property[(kernel, prop)]
+        tally.last_failure = self.item_tally.last_failure = failure
+        tally.failures[self.item_case + (f" ({part + 1})" if part else "")] = failure
 
+    def expect(self, kernel: str, prop: str, examples: int) -> None:
+        """Note that ``prop`` on ``kernel`` is asked for ``examples`` examples (the profile's or
+        ``--max-examples``'s number times the property's weight)."""
+        self.by_property[(kernel, prop)].asked += examples
+        self.item_tally.asked += examples
+        self.item_prop = prop
 
-def merge_rows(found: list[dict]) -> None:
-    """Add tallies of another process (rows as :func:`rows` gives them) into :data:`TALLIES`."""
-    for row in found:
-        tally = TALLIES[(row["kernel"], row["property"])]
-        for outcome in OUTCOMES:
-            setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
-        tally.seconds += row["seconds"]
-        if row.get("failure"):
-            tally.last_failure = Failure.from_dict(row["failure"])
-        elif row.get("last_failure"):  # a row of a flashprop before records: its report as it was
-            tally.last_failure = Failure(row["kernel"], row["property"], "(reported by an older flashprop)",
-                                         (row["last_failure"],))
-        tally.failures.update({case: Failure.from_dict(d) for case, d in row.get("failures", {}).items()})
-        tally.skipped += row.get("skipped", [])
-        tally.asked += row.get("asked", 0)
-        tally.cut += row.get("cut", 0)
+    def note_time_box(self, kernel: str, prop: str) -> None:
+        """Note that the time box stopped ``prop`` on ``kernel`` when its share was spent."""
+        self.by_property[(kernel, prop)].cut += 1
+        self.item_tally.cut += 1
 
+    def start_item(self, case: str | None = None) -> None:
+        """A test starts (``case``: its case, ``harness.campaign.case_of``): a skip noted from now
+        on belongs to the property it records, if any; its own counts start at 0."""
+        self.item_prop, self.item_tally, self.item_case = None, Tally(), case or ""
 
-def merge(paths: list[str]) -> None:
-    """Add the tallies dumped by other processes into :data:`TALLIES`."""
-    for path in paths:
-        with open(path) as f:
-            merge_rows(json.load(f))
+    def running_item(self) -> tuple[str | None, Tally]:
+        """The running test's property (``None``: it recorded none) and its own share of its tally."""
+        return self.item_prop, self.item_tally
 
+    def note_skip(self, kernel: str, label: str, reason: str) -> None:
+        """Note why the running test on ``kernel`` was skipped: on the property it recorded (it had
+        begun), else on ``label`` (the test's name: it skipped before drawing). Only the reason's
+        first line: what Hypothesis appends to an exception (its examples) stays out of the table."""
+        first = reason.strip().splitlines()[0] if reason.strip() else "(no reason given)"
+        self.by_property[(kernel, self.item_prop or label)].skipped.append(first)
 
-#: Where a parallel worker notes the example it is about to run (:func:`begin`), so that the
-#: controller can report the problem that killed it (a segfault, a lost CUDA context).
-_current = {"path": None}
+    def _ordered(self) -> list[tuple[tuple[str, str], Tally]]:
+        """Tallies that ran examples, then those only skipped, each by kernel and property."""
+        return sorted(self.by_property.items(), key=lambda kv: (kv[1].run == 0, kv[0]))
 
+    def _skipped_alike(self, kernel: str) -> tuple[int, str] | None:
+        """``(tests, reason)`` when every test of ``kernel`` was skipped before drawing, all for one
+        reason (a kernel that cannot load here, a device it does not declare), else ``None``."""
+        tallies = [t for (k, _), t in self.by_property.items() if k == kernel]
+        reasons = {reason for t in tallies for reason in t.skipped}
+        if len(tallies) < 2 or len(reasons) != 1 or any(t.run or t.asked for t in tallies):
+            return None
+        return len(tallies), reasons.pop()
 
-def note_current(path: str | None) -> None:
-    """Note each example's problem in ``path`` before it runs (``None``: do not)."""
-    _current["path"] = path
+    def table_rows(self) -> list[tuple[str, ...]]:
+        """The table's rows as strings (:data:`COLUMNS`): one per tally that ran examples (or was
+        asked for some and ran none); a kernel whose tests were all skipped for one reason gets one
+        row; the tests that drew nothing are not rows (:meth:`skipped_before_drawing`)."""
+        numbers: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for i, g in enumerate(self.failure_groups(), 1):
+            for prop in dict.fromkeys(g.properties):
+                numbers[(g.kernel, prop)].append(i)
+        alike = {kernel: found for kernel, _ in self.by_property if (found := self._skipped_alike(kernel))}
+        out: list[tuple[str, ...]] = []
+        for key, t in self._ordered():
+            if key[0] in alike:
+                tests, reason = alike[key[0]]
+                row = (key[0], f"(all-{tests}-tests)", *("-",) * 6, f"skipped: {reason}")
+                out += [] if row in out else [row]
+                continue
+            if _drew_nothing(t):
+                continue
+            counts = ((str(t.run), str(t.passed), str(t.refused), str(t.failed), _rate(t)) if t.run
+                      else ("-",) * 5)
+            out.append((*key, *counts, str(t.asked) if t.asked else "-", _note(t, numbers, key)))
+        return out
 
+    def skipped_before_drawing(self) -> list[tuple[str, str, list[str]]]:
+        """``(kernel, reason, tests)`` for the tests that drew no example, one per kernel and reason
+        (a kernel's most common reason first); a kernel whose tests were all skipped for one reason
+        is a row of the table instead."""
+        alike = {kernel for kernel, _ in self.by_property if self._skipped_alike(kernel)}
+        found: dict[tuple[str, str], list[str]] = defaultdict(list)
+        for (kernel, prop), t in sorted(self.by_property.items()):
+            if kernel not in alike and _drew_nothing(t):
+                found[(kernel, t.skipped[0])].append(prop)
+        return [(kernel, reason, tests) for (kernel, reason), tests in
+                sorted(found.items(), key=lambda kv: (kv[0][0], -len(kv[1]), kv[0][1]))]
 
-def noting() -> bool:
-    """Whether examples are noted (:func:`note_current`)."""
-    return _current["path"] is not None
+    def summary_lines(self, all_skips: bool = False) -> list[str]:
+        """A table: kernel, property, examples run, passed, refused, failed, examples/s, examples
+        asked, and a note (the failure's cause number, a time box's stop, why the test was skipped);
+        then the tests that drew nothing, one line per kernel and reason (``all_skips``: one per
+        test). Lines of at most :data:`WIDTH` columns (unless a row's kernel and property alone are
+        wider)."""
+        if not self.by_property:
+            return []
+        rows = [COLUMNS, *self.table_rows()]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
+        header, *body = (_wrapped("  ".join([*(c.ljust(w) for c, w in zip(r, widths)), ""]), r[-1])
+                         for r in rows)
+        lines = [*header, "-" * min(WIDTH, len(header[0])), *(line for row in body for line in row)]
+        folded = self.skipped_before_drawing()
+        if folded:
+            tests = sum(len(names) for _, _, names in folded)
+            listed = ", each with its reason:" if all_skips else " (--all-skips lists each with its reason)"
+            lines.append(f"skipped before drawing: {tests} test{'s' * (tests > 1)}{listed}")
+        return lines + _skip_lines(folded, all_skips)
 
+    def failure_groups(self) -> list[Group]:
+        """The failures in the tallies, grouped by cause (:func:`harness.causes.group`)."""
+        return group(f for _, t in sorted(self.by_property.items()) for f in failures_of(t))
 
-def save_now() -> None:
-    """Save the tallies to the :func:`autosave` path now (a worker about to end itself)."""
-    if _autosave["path"]:
-        dump(_autosave["path"])
+    def failure_lines(self) -> list[str]:
+        """Each cause once: the properties it took down (apart: those with its symptom and no
+        diagnosis, :attr:`Group.inferred`) and the report of its smallest problem."""
+        lines: list[str] = []
+        for number, g in enumerate(self.failure_groups(), 1):
+            lines.append(_heading(number, g))
+            if len(g.properties) > 1:
+                lines += ["    " + line for line in _members(g)]
+            lines += ["    " + line for line in g.smallest.render().splitlines()]
+            lines.append("")
+        return lines
 
+    def markdown_lines(self) -> list[str]:
+        """The table and the failures by cause as markdown (for ``$GITHUB_STEP_SUMMARY``)."""
+        if not self.by_property:
+            return []
+        failed = sum(t.failed > 0 for t in self.by_property.values())
+        ran = sum(t.run > 0 for t in self.by_property.values())
+        verdict = f"{failed} of {ran} properties failed" if failed else f"{ran} properties passed"
+        kernels = ", ".join(sorted({kernel for kernel, _ in self.by_property}))
+        lines = [f"## flashprop on {kernels}: {verdict}", "",
+                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in self.table_rows()]
+        folded = self.skipped_before_drawing()
+        if folded:
+            lines += ["", "Skipped before drawing (each reason lists its tests):", ""]
+        for kernel, reason, names in folded:
+            summary = html.escape(f"{kernel}: {len(names)} tests: {_reason(kernel, reason)}")
+            lines += [f"<details><summary>{summary}</summary>", "", ", ".join(names), "", "</details>"]
+        groups = self.failure_groups()
+        if groups:
+            lines += ["", "### Failures by cause", ""]
+        for number, g in enumerate(groups, 1):
+            lines += [f"<details><summary>{html.escape(_heading(number, g))}</summary>", ""]
+            if len(g.properties) > 1:
+                lines += ["; ".join(_members(g)), ""]
+            lines += ["```", *g.smallest.render().splitlines(), "```", "", "</details>", ""]
+        return [*lines, ""]
 
-def note_cause(cause: str) -> None:
-    """Add what went wrong to the noted example (a worker about to end itself)."""
-    path = _current["path"]
-    if path and os.path.exists(path):
-        with open(path) as f:
-            noted = json.load(f)
-        with open(path, "w") as f:
-            json.dump({**noted, "cause": cause}, f)
+    def rows(self) -> list[dict]:
+        """The tallies as JSON-able rows (what :meth:`dump` writes and :meth:`merge_rows` reads): the
+        last failure as its record (``failure``) and its report (``last_failure``, for scripts), and
+        the last of each test case (``failures``: case -> record)."""
+        out = []
+        for (k, p), t in sorted(self.by_property.items()):
+            found = t.last_failure
+            row = {f.name: getattr(t, f.name) for f in fields(t)
+                   if f.name not in ("last_failure", "failures")}
+            out.append({"kernel": k, "property": p, **row,
+                        "last_failure": None if found is None else found.render(),
+                        "failure": None if found is None else found.to_dict(),
+                        "failures": {case: f.to_dict() for case, f in t.failures.items()}})
+        return out
 
+    def dump(self, path: str) -> None:
+        """Write the tallies as JSON (one pytest process's share of a parallel run), its folder made
+        if need be; the file is replaced whole, so a reader never sees half of it."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(self.rows(), f, indent=1)
+        os.replace(f"{path}.tmp", path)
 
-def begin(kernel: str, prop: str, problem: str, replay: str) -> None:
-    """Note the example about to run: kernel, property, problem and the command that replays it."""
-    if _current["path"]:
-        with open(_current["path"], "w") as f:
-            json.dump({"kernel": kernel, "property": prop, "problem": problem, "replay": replay}, f)
+    def merge_rows(self, found: list[dict]) -> None:
+        """Add tallies of another process (rows as :meth:`rows` gives them) into :attr:`by_property`."""
+        for row in found:
+            tally = self.by_property[(row["kernel"], row["property"])]
+            for outcome in OUTCOMES:
+                setattr(tally, outcome, getattr(tally, outcome) + row[outcome])
+            tally.seconds += row["seconds"]
+            if row.get("failure"):
+                tally.last_failure = Failure.from_dict(row["failure"])
+            elif row.get("last_failure"):  # a row of a flashprop before records: its report as it was
+                tally.last_failure = Failure(row["kernel"], row["property"],
+                                             "(reported by an older flashprop)", (row["last_failure"],))
+            tally.failures.update({case: Failure.from_dict(d) for case, d in row.get("failures", {}).items()})
+            tally.skipped += row.get("skipped", [])
+            tally.asked += row.get("asked", 0)
+            tally.cut += row.get("cut", 0)
+
+    def merge(self, paths: list[str]) -> None:
+        """Add the tallies dumped by other processes into :attr:`by_property`."""
+        for path in paths:
+            with open(path) as f:
+                self.merge_rows(json.load(f))
+
+    def note_current(self, path: str | None) -> None:
+        """Note each example's problem in ``path`` before it runs (``None``: do not)."""
+        self.current_path = path
+
+    def noting(self) -> bool:
+        """Whether examples are noted (:meth:`note_current`)."""
+        return self.current_path is not None
+
+    def save_now(self) -> None:
+        """Save the tallies to the :meth:`autosave` path now (a worker about to end itself)."""
+        if self.autosave_path:
+            self.dump(self.autosave_path)
+
+    def note_cause(self, cause: str) -> None:
+        """Add what went wrong to the noted example (a worker about to end itself)."""
+        path = self.current_path
+        if path and os.path.exists(path):
+            with open(path) as f:
+                noted = json.load(f)
+            with open(path, "w") as f:
+                json.dump({**noted, "cause": cause}, f)
+
+    def begin(self, kernel: str, prop: str, problem: str, replay: str) -> None:
+        """Note the example about to run: kernel, property, problem and the command that replays it."""
+        if self.current_path:
+            with open(self.current_path, "w") as f:
+                json.dump({"kernel": kernel, "property": prop, "problem": problem, "replay": replay}, f)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -452,13 +445,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all-skips", action="store_true",
                         help="a row for each test that drew nothing (default: one line per reason)")
     args = parser.parse_args(argv)
-    merge(args.tallies)
-    print("\n".join(summary_lines(args.all_skips)))
-    failures = failure_lines()
+    tallies = Tallies()
+    tallies.merge(args.tallies)
+    print("\n".join(tallies.summary_lines(args.all_skips)))
+    failures = tallies.failure_lines()
     if failures:
         print("\nfailures by cause (the smallest problem of each, shrunk, with its repro):")
         print("\n".join(failures))
-    return 1 if any(t.failed for t in TALLIES.values()) else 0
+    return tallies.status()
 
 
 if __name__ == "__main__":

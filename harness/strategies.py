@@ -18,7 +18,9 @@ too (``related=``).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,15 +58,11 @@ DEFAULT_SIZES = Sizes()
 
 @dataclass
 class Declarations:
-    """What the declaration check saw of one property run's draws (``run_property`` resets it):
-    how many problems it passed, and the reasons of those it rejected, by count."""
+    """What the declaration check saw of one property run's draws (:func:`drawing`): how many
+    problems it passed, and the reasons of those it rejected, by count."""
 
     passed: int = 0
     refused: Counter[str] = field(default_factory=Counter)
-
-    def reset(self) -> None:
-        self.passed = 0
-        self.refused.clear()
 
     def nothing_declared(self) -> str | None:
         """When no draw passed the check and some were refused by it: the refusals, most frequent
@@ -78,8 +76,25 @@ class Declarations:
         return f"all {total} drawn problems are undeclared: {top}"
 
 
-#: The declaration check's record of the running property (one test at a time per process).
-DRAWN = Declarations()
+#: The record of the draws under way (:func:`drawing`): a context variable, so that the
+#: strategies, which Hypothesis draws, reach the record of the ``run_property`` call drawing them.
+_DRAWING: ContextVar[Declarations | None] = ContextVar("flashprop_drawing", default=None)
+
+
+@contextmanager
+def drawing() -> Iterator[Declarations]:
+    """A fresh record of the declaration check for the draws made while the context lasts (one
+    property run: ``harness.check.run_property``)."""
+    token = _DRAWING.set(record := Declarations())
+    try:
+        yield record
+    finally:
+        _DRAWING.reset(token)
+
+
+def _drawn() -> Declarations:
+    """The record of the draws under way (a throwaway one outside :func:`drawing`)."""
+    return _DRAWING.get() or Declarations()
 
 
 def declared(
@@ -87,13 +102,14 @@ def declared(
 ) -> Problem:
     """``p`` when the kernel declares it (and its gradients, with ``backward``) and each of
     ``related`` (the problems a property derives from it and runs too); otherwise the draw is
-    rejected, its first reason noted in :data:`DRAWN` (the checks stop there: a dispatcher's
-    check builds tensors)."""
+    rejected, its first reason noted in the record of the draws (:func:`drawing`; the checks stop
+    there: a dispatcher's check builds tensors)."""
     reason = _first_reason(caps, p, related, backward)
+    drawn = _drawn()
     if reason is not None:
-        DRAWN.refused[reason.splitlines()[0]] += 1
+        drawn.refused[reason.splitlines()[0]] += 1
         reject()
-    DRAWN.passed += 1
+    drawn.passed += 1
     return p
 
 
@@ -206,7 +222,7 @@ def candidate_problems(
     leaves the tiles to the kernel."""
     allowed = _dtypes(caps, dtypes)
     if not allowed:  # an FP8-only kernel's 16-bit problems, say: none to draw, and the skip says why
-        DRAWN.refused["no dtype of the draw declared (Capabilities.dtypes)"] += 1
+        _drawn().refused["no dtype of the draw declared (Capabilities.dtypes)"] += 1
         reject()
     dtype = draw(st.sampled_from(allowed))
     hkv = draw(st.integers(1, sizes.max_kv_heads))

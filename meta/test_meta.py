@@ -40,7 +40,8 @@ from flashprop.harness.check import (
 )
 from flashprop.harness.failures import Failure
 from flashprop.harness.known_failures import KnownFailure, mark, parse
-from flashprop.harness.report import forget
+from flashprop.harness.report import Tallies
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes, problems, undeclared_problems
 from flashprop.harness.tolerance import compare
 from flashprop.kernels.sdpa import sdpa_flash
@@ -476,19 +477,16 @@ def _quick_hypothesis() -> Iterator[None]:
 @pytest.mark.parametrize("refuse", [True, False], ids=["refuses", "answers-wrongly"])
 def test_error_contract_catches_silent_wrong_answers(refuse: bool):
     """The error-contract property passes a kernel that refuses undeclared input and fails one
-    that silently answers it wrongly (the fake kernel's tallies are removed from the summary)."""
+    that silently answers it wrongly (in a run context of its own, out of the session's summary)."""
     name = f"meta-narrow-{'refuses' if refuse else 'lies'}"
     kernel = Kernel(name=name, fn=_narrow_kernel(refuse=refuse), capabilities=_NARROW)
     prop = error_contract.test_undeclared_problem_raises_clear_error_or_is_correct
     with _quick_hypothesis():
-        try:
-            if refuse:
-                prop(kernel, "cpu", _TINY)
-            else:
-                with pytest.raises(PropertyFailure, match="error-contract"):
-                    prop(kernel, "cpu", _TINY)
-        finally:
-            forget(name)
+        if refuse:
+            prop(RunContext(), kernel, "cpu", _TINY)
+        else:
+            with pytest.raises(PropertyFailure, match="error-contract"):
+                prop(RunContext(), kernel, "cpu", _TINY)
 
 
 def test_a_property_the_declarations_rule_out_skips_naming_them():
@@ -500,58 +498,70 @@ def test_a_property_the_declarations_rule_out_skips_naming_them():
                                limits=(Limit("no grouped heads in this build", lambda p: p.hq > p.hkv),))
     kernel = Kernel(name="meta-no-gqa", fn=blocked_attention, capabilities=caps)
     sizes = Sizes(max_n=4, max_batch=1, max_kv_heads=2, max_group=2, max_head_dim=8, max_work=10_000)
-    try:
-        with _quick_hypothesis():
-            with pytest.raises(pytest.skip.Exception, match=r"declares none of the problems gqa-consistency "
-                               r"needs \(all \d+ drawn problems are undeclared: .*no grouped heads"):
-                metamorphic.test_gqa_consistency(kernel, "cpu", sizes)
-            never = problems(caps, device="cpu", sizes=sizes, where=lambda p: False)
-            with pytest.raises((Unsatisfiable, pytest.skip.Exception)) as raised:  # a skip would hide it
-                run_property(kernel, "meta-never", never, lambda kernel, p: None)
-            assert raised.type is Unsatisfiable, raised.value
-            # declared draws (no GQA) that a later filter drops: not the declaration's doing
-            dropped = problems(caps, device="cpu", sizes=sizes).filter(lambda p: False)
-            with pytest.raises((Unsatisfiable, pytest.skip.Exception)) as raised:  # a skip would hide it
-                run_property(kernel, "meta-dropped", dropped, lambda kernel, p: None)
-            assert raised.type is Unsatisfiable, raised.value
-    finally:
-        forget(kernel.name)
+    run = RunContext()
+    with _quick_hypothesis():
+        with pytest.raises(pytest.skip.Exception, match=r"declares none of the problems gqa-consistency "
+                           r"needs \(all \d+ drawn problems are undeclared: .*no grouped heads"):
+            metamorphic.test_gqa_consistency(run, kernel, "cpu", sizes)
+        never = problems(caps, device="cpu", sizes=sizes, where=lambda p: False)
+        with pytest.raises((Unsatisfiable, pytest.skip.Exception)) as raised:  # a skip would hide it
+            run_property(run, kernel, "meta-never", never, lambda kernel, p: None)
+        assert raised.type is Unsatisfiable, raised.value
+        # declared draws (no GQA) that a later filter drops: not the declaration's doing
+        dropped = problems(caps, device="cpu", sizes=sizes).filter(lambda p: False)
+        with pytest.raises((Unsatisfiable, pytest.skip.Exception)) as raised:  # a skip would hide it
+            run_property(run, kernel, "meta-dropped", dropped, lambda kernel, p: None)
+        assert raised.type is Unsatisfiable, raised.value
 
 
-def test_tallies_merge_across_processes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_run_context_sets_the_settings_and_keeps_its_own_tallies():
+    """The command line's settings reach Hypothesis through the run context, over the loaded
+    profile (none set: the profile's); what one context's property runs is in its tallies only,
+    with the examples its settings asked for."""
+    profile = settings.default
+    assert (RunContext().hypothesis_settings().max_examples, RunContext().hypothesis_settings().database) == (
+        profile.max_examples, profile.database)
+    run = RunContext(max_examples=3, database=None, phases=(Phase.generate,))
+    given = run.hypothesis_settings()
+    assert (given.max_examples, given.database, given.phases) == (3, None, (Phase.generate,))
+    kernel = Kernel(name="meta-context", fn=blocked_attention, capabilities=blocked_attention.capabilities)
+    seeds = st.integers(0, 10**6).map(lambda seed: Problem(nq=2, nk=2, d=4, dv=4, seed=seed))
+    other = RunContext()
+    run_property(run, kernel, "meta-context", seeds, lambda kernel, p: None, weight=2)
+    tally = run.tallies["meta-context", "meta-context"]
+    assert (tally.run, tally.passed, tally.asked) == (6, 6, 6)
+    assert not other.tallies.by_property and not other.tallies.examples
+
+
+def test_tallies_merge_across_processes(tmp_path: Path):
     """Tallies of several processes (xdist workers, ci/gpu_check.py's calls) add up exactly."""
     import flashprop.harness.report as report
 
-    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
-    monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
-    report.record("k", "forward", "passed", 1.0)
+    first, second = Tallies(), Tallies()
+    first.record("k", "forward", "passed", 1.0)
     failure = Failure("k", "forward", Problem().describe(), ("the failure",), replay="flashprop replay")
-    report.record("k", "forward", "failed", 0.5, failure)
-    report.dump(str(tmp_path / "a.json"))
-    report.TALLIES.clear()
-    report.record("k", "forward", "refused", 0.25)
-    report.record("k", "backward", "passed", 0.25)
-    report.dump(str(tmp_path / "b.json"))
-    report.TALLIES.clear()
+    first.record("k", "forward", "failed", 0.5, failure)
+    first.dump(str(tmp_path / "a.json"))
+    second.record("k", "forward", "refused", 0.25)
+    second.record("k", "backward", "passed", 0.25)
+    second.dump(str(tmp_path / "b.json"))
     assert report.main([str(tmp_path / "b.json")]) == 0
-    report.TALLIES.clear()
     assert report.main([str(tmp_path / "a.json"), str(tmp_path / "b.json")]) == 1
-    forward = report.TALLIES[("k", "forward")]
+    merged = Tallies()
+    merged.merge([str(tmp_path / "a.json"), str(tmp_path / "b.json")])
+    forward = merged["k", "forward"]
     assert (forward.passed, forward.refused, forward.failed) == (1, 1, 1)
     assert forward.seconds == 1.75 and forward.last_failure == failure  # the record, whole
-    assert report.TALLIES[("k", "backward")].run == 1
+    assert merged["k", "backward"].run == 1
 
 
-def test_tallies_are_saved_while_the_session_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+def test_tallies_are_saved_while_the_session_runs(tmp_path: Path):
     """With --tally-json the tallies are also saved during the run: at the first example, at a
     property's first failure, else every AUTOSAVE_SECONDS, each time whole. A process killed before its
     summary (a time limit, a crash) leaves them."""
     import json
 
-    import flashprop.harness.report as report
-
-    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
-    monkeypatch.setattr(report, "_autosave", {"path": None, "at": 0.0})
+    report = Tallies()
     path = tmp_path / "tally.json"
     report.autosave(str(path))
 
@@ -596,26 +606,26 @@ def test_compile_locks_hold_one_variant_until_compiled(tmp_path: Path,
     b = {"specialization_data": '{"name": "k", "constants": {"BLOCK_M": 128}}'}
     path_a, path_b = (tmp_path / locks.variant_hash(x) for x in (a, b))
     assert path_a != path_b
-    monkeypatch.setattr(locks, "STATS", locks.CompileStats())
-    locks.before_compile(str(tmp_path), a)
+    held = locks.CompileLocks(str(tmp_path))
+    held.before_compile(a)
     assert _lock_taken(path_a) and not _lock_taken(path_b)
-    locks.after_compile(a)
+    held.after_compile(a)
     assert not _lock_taken(path_a)
-    assert (locks.STATS.variants, locks.STATS.waited) == (1, 0)
-    assert locks.STATS.line().startswith("Triton: 1 kernel variants compiled or loaded in ")
-    locks.before_compile(str(tmp_path), a)  # its compilation raises: no after_compile
-    locks.before_compile(str(tmp_path), b)
+    assert (held.stats.variants, held.stats.waited) == (1, 0)
+    assert held.stats.line().startswith("Triton: 1 kernel variants compiled or loaded in ")
+    held.before_compile(a)  # its compilation raises: no after_compile
+    held.before_compile(b)
     assert not _lock_taken(path_a) and _lock_taken(path_b)
-    locks.after_compile(b)
+    held.after_compile(b)
     import fcntl
     import os
 
     holder = os.open(path_a, os.O_RDWR)  # another process compiling a, never finishing
     fcntl.flock(holder, fcntl.LOCK_EX)
     try:
-        locks.before_compile(str(tmp_path), a)  # waits 0.2 s, then goes on without the lock
-        assert locks.variant_hash(a) not in locks._held
-        assert locks.STATS.waited == 1 and locks.STATS.wait_seconds >= 0.2
+        held.before_compile(a)  # waits 0.2 s, then goes on without the lock
+        assert locks.variant_hash(a) not in held.held
+        assert held.stats.waited == 1 and held.stats.wait_seconds >= 0.2
     finally:
         os.close(holder)
 

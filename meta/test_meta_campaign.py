@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 
 import pytest
-from flashprop.harness import campaign, report
+from flashprop.harness import campaign
+from flashprop.harness.run_context import RunContext
 
 pytestmark = pytest.mark.meta
 
@@ -74,14 +75,15 @@ RECORDER = textwrap.dedent('''
     import json
     import os
 
-    from flashprop.harness.campaign import current_shard
+    import hypothesis.core
     from flashprop.refimpl.blocked import attention as blocked
 
 
     def attn(q, k, v, *, causal=False, scale=None):
-        """ref-blocked, noting each call's shard seed and problem (shapes, mask, first input)."""
+        """ref-blocked, noting each call's shard seed (the seed Hypothesis is forced to while its
+        shard runs) and problem (shapes, mask, first input)."""
         with open(os.environ["FLASHPROP_RECORD"], "a") as f:
-            f.write(json.dumps([current_shard().seed, list(q.shape), list(k.shape), causal,
+            f.write(json.dumps([hypothesis.core.global_force_seed, list(q.shape), list(k.shape), causal,
                                 q.flatten()[:1].tolist()]) + "\\n")
         return blocked(q, k, v, causal=causal, scale=scale)
 ''')
@@ -308,22 +310,20 @@ def test_database_keys_tell_kernels_declarations_tests_and_properties_apart():
 
 
 class _Item:
-    """What campaign.note_case reads of a pytest item."""
+    """What campaign.case_of reads of a pytest item."""
 
     def __init__(self, module: str, params: dict):
         self.module, self.originalname = type(sys)(module), "test_x"
         self.name, self.callspec = "test_x[...]", type("CallSpec", (), {"params": params})()
 
 
-def test_a_test_case_is_its_module_function_and_parameters_but_kernel_and_shard(monkeypatch):
-    monkeypatch.setattr(campaign, "RUNNING_CASE", None)  # restored after the test
+def test_a_test_case_is_its_module_function_and_parameters_but_kernel_and_shard():
     cases = []
     for module, params in [("properties.test_golden", {"kernel": "a", "corruption": "nan"}),
                            ("flashprop.properties.test_golden", {"kernel": "b", "flashprop_shard": 3,
                                                                  "corruption": "nan"}),
                            ("flashprop.properties.test_golden", {"kernel": "a", "corruption": "inf"})]:
-        campaign.note_case(_Item(module, params))
-        cases.append(campaign.RUNNING_CASE)
+        cases.append(campaign.case_of(_Item(module, params)))
     assert cases[0] == cases[1] == "test_golden::test_x[corruption=nan]", cases  # checkout, installed, shard
     assert cases[2] == "test_golden::test_x[corruption=inf]"
 
@@ -388,15 +388,15 @@ class _Node:
         self.workerinput, self.workeroutput = {"workerid": worker}, {"flashprop_tallies": rows}
 
 
-def test_an_interrupted_worker_reported_down_twice_is_merged_once(monkeypatch: pytest.MonkeyPatch):
+def test_an_interrupted_worker_reported_down_twice_is_merged_once():
     """xdist reports an interrupted worker down twice (finished, then down with an error)."""
-    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    run = RunContext()
     row = {"kernel": "k", "property": "forward", "passed": 5, "refused": 0, "failed": 0, "seconds": 1.0,
            "last_failure": None, "skipped": []}
     node = _Node("gw-interrupted", [row])
-    campaign.collect_node(node, None)
-    campaign.collect_node(node, "keyboard-interrupt")
-    assert report.TALLIES[("k", "forward")].passed == 5 and report.TALLIES[("k", "forward")].failed == 0
+    campaign.collect_node(run, node, None)
+    campaign.collect_node(run, node, "keyboard-interrupt")
+    assert run.tallies["k", "forward"].passed == 5 and run.tallies["k", "forward"].failed == 0
 
 
 @pytest.mark.parametrize("to_group, signum", [(True, signal.SIGINT), (False, signal.SIGTERM)],

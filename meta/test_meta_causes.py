@@ -23,6 +23,7 @@ from flashprop.harness.check import (
     run_kernel,
 )
 from flashprop.harness.failures import Failure
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.symptoms import Relation, Symptom, undirected
 from flashprop.properties import test_long_golden, test_precision
 from flashprop.refimpl import attention_golden, attention_yardstick
@@ -269,7 +270,7 @@ def test_a_symptom_made_without_the_tensors_has_the_key_made_with_them():
     assert found == ["forward o (NaN)", "forward o (off)", "forward lse (off)", "backward dv (off)"]
 
 
-def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it(monkeypatch: pytest.MonkeyPatch):
+def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it():
     """A 1/D scale, diagnosed on the small problems of forward (o off) and single-token (lse off,
     o right: one key, so every value equals the golden's), fails long-golden, precision and a
     spread property on problems it is not diagnosed on, with o off, o off and lse off: one
@@ -287,17 +288,16 @@ def test_undiagnosed_failures_with_the_symptom_of_a_diagnosis_join_it(monkeypatc
     assert only.properties == ("forward", "long-golden", "precision", "single-token", "spread-batch")
     assert only.smallest.prop == "single-token"
     assert only.headline.startswith("matches the golden with scale 1/D"), only.headline
-    tallies = type(report.TALLIES)(report.Tally)  # the session's are left alone
-    monkeypatch.setattr(report, "TALLIES", tallies)
+    tallies = report.Tallies()  # the session's are left alone
     for f in [*diagnosed, *undiagnosed]:
-        tallies[f.kernel, f.prop] = report.Tally(failed=1, last_failure=f)
-    heading, *lines = report.failure_lines()
+        tallies.by_property[f.kernel, f.prop] = report.Tally(failed=1, last_failure=f)
+    heading, *lines = tallies.failure_lines()
     assert heading.startswith(f"[1] {kernel.name}: 5 properties fail with one cause (3 of them by its "
                               "symptom, not diagnosed): matches the golden with scale 1/D"), heading
     assert lines[:3] == ["    properties: forward, single-token",
                          "    with the same symptom, not diagnosed: long-golden, precision, spread-batch",
                          "    the smallest problem among those diagnosed (single-token):"]
-    markdown = "\n".join(report.markdown_lines())
+    markdown = "\n".join(tallies.markdown_lines())
     assert "properties: forward, single-token; with the same symptom, not diagnosed: long-golden" in markdown
 
 
@@ -330,7 +330,7 @@ def _softmax_without_max(q, k, v, *, causal=False, scale=None):
     return e @ v / total, torch.log(total).squeeze(-1)
 
 
-def test_distinct_failures_of_one_property_are_reported_whole_and_diagnosed(monkeypatch: pytest.MonkeyPatch):
+def test_distinct_failures_of_one_property_are_reported_whole_and_diagnosed():
     """A property failing at two places (Hypothesis raises the group of its distinct failures): each
     is reported with its diagnoses, a property's own check (no comparison with the golden) with
     those of its problem's plain call, and both are one cause of one property."""
@@ -338,8 +338,7 @@ def test_distinct_failures_of_one_property_are_reported_whole_and_diagnosed(monk
     from hypothesis import Phase
     from hypothesis import strategies as st
 
-    monkeypatch.setattr(check, "OVERRIDES", {"database": None, "phases": [Phase.explicit]})
-    monkeypatch.setattr(report, "TALLIES", type(report.TALLIES)(report.Tally))
+    run = RunContext(database=None, phases=(Phase.explicit,))  # the session's tallies are left alone
     kernel = _kernel("meta-no-max", _softmax_without_max, dtypes=frozenset({torch.float32}), backward=False)
     prop, overflowing = "meta-two-sites", Problem(nq=1, nk=1, d=4, dv=4, dist="overflow")
 
@@ -350,7 +349,7 @@ def test_distinct_failures_of_one_property_are_reported_whole_and_diagnosed(monk
         assert_close_to_golden(kernel, p, prop, out, ("o", "lse"))
 
     with pytest.raises(Exception) as raised:  # the group of its distinct failures Hypothesis raises
-        check.run_property(kernel, prop, st.just(overflowing), two_sites,
+        check.run_property(run, kernel, prop, st.just(overflowing), two_sites,
                            explicit=(overflowing, overflowing.replace(nk=2)))
     members = raised.value.exceptions
     assert len(members) == 2 and all(isinstance(e, PropertyFailure) for e in members), members
@@ -358,5 +357,5 @@ def test_distinct_failures_of_one_property_are_reported_whole_and_diagnosed(monk
     assert all(e.failure.diagnoses[0].startswith(softmax) for e in members), [str(e) for e in members]
     own = next(e.failure for e in members if "o is not finite" in e.failure.details)
     assert own.details[-1].startswith("its call on this problem alone is off the golden: o (NaN)"), own
-    (only,) = report.failure_groups()
+    (only,) = run.tallies.failure_groups()
     assert only.properties == (prop,) and only.cause == "a softmax without its max subtraction", only

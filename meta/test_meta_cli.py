@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 from flashprop.contract.registry import load_kernel
-from flashprop.harness import check, timebox
 from flashprop.harness.check import PropertyFailure, run_property
 from flashprop.harness.failures import Failure
-from flashprop.harness.report import forget
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes, problems
 
 from flashprop.cli import main, property_names
@@ -107,22 +106,18 @@ def _fails_from_nine_keys(kernel, problem) -> None:
 
 
 @pytest.mark.parametrize("limit", [0.3, 60.0], ids=["cut-short", "shrunk"])
-def test_shrinking_is_bounded_and_says_when_it_was_cut(limit: float, monkeypatch: pytest.MonkeyPatch):
+def test_shrinking_is_bounded_and_says_when_it_was_cut(limit: float):
     """With a shrink limit shorter than the shrink takes, the report ends saying that shrinking
     stopped, within about the limit; with time enough, the problem is shrunk (one batch element,
     two heads, head dim 1) and the report says nothing of the kind. No example database: the
     shrunk problem a run saved would replay first in the next one, with nothing to shrink."""
-    monkeypatch.setitem(timebox.SHRINK_SECONDS, "limit", limit)
-    monkeypatch.setitem(check.OVERRIDES, "database", None)
+    run = RunContext(shrink_seconds=limit, database=None)
     kernel = load_kernel("ref-blocked")
     sizes = Sizes(max_n=24, max_batch=2, max_kv_heads=2, max_group=2, max_head_dim=8, max_work=200_000)
     strategy = problems(kernel.capabilities, device="cpu", sizes=sizes, dtypes=[torch.float32])
     start = time.monotonic()
-    try:
-        with pytest.raises(PropertyFailure) as raised:
-            run_property(kernel, "meta-shrink", strategy, _fails_from_nine_keys, weight=5)
-    finally:
-        forget(kernel.name)
+    with pytest.raises(PropertyFailure) as raised:
+        run_property(run, kernel, "meta-shrink", strategy, _fails_from_nine_keys, weight=5)
     report = str(raised.value)
     if limit < 1:
         assert "shrinking stopped after 0 s (--shrink-seconds)" in report, report

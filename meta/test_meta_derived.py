@@ -33,7 +33,7 @@ from flashprop.contract.problem import KernelInputs, Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness import check as harness_check
 from flashprop.harness.check import PropertyFailure, run_kernel, run_property
-from flashprop.harness.report import forget
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes, problems
 from flashprop.refimpl import blocked
 from hypothesis import HealthCheck, Phase, settings
@@ -146,15 +146,13 @@ def recording(caps, modules: list, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 def _run(kernel: Kernel, test: Callable, case: dict | None = None) -> str:
     """Run a property test on ``kernel`` (with parameters ``case``): "passed", or "skipped:
-    <reason>"; a failure raises."""
-    given = {"kernel": kernel, "device": "cpu", "sizes": SIZES, **(case or {})}
+    <reason>"; a failure raises. In a run context of its own (out of the session's summary)."""
+    given = {"run": RunContext(), "kernel": kernel, "device": "cpu", "sizes": SIZES, **(case or {})}
     try:
         with _quick():
             test(**{name: given[name] for name in inspect.signature(test).parameters})
     except pytest.skip.Exception as skip:
         return f"skipped: {skip}"
-    finally:
-        forget(kernel.name)
     return "passed"
 
 
@@ -172,16 +170,16 @@ def test_every_problem_a_property_runs_is_declared(module: str, name: str, case:
     assert not recorder.wrong, "\n".join(recorder.wrong[:5])
 
 
-def _bypassing_property(kernel: Kernel, device: str, sizes: Sizes) -> None:
+def _bypassing_property(run: RunContext, kernel: Kernel, device: str, sizes: Sizes) -> None:
     """A property that runs a derived problem (one more query) without declaring it."""
 
     def check(kernel: Kernel, p: Problem) -> None:
         run_kernel(kernel, p.replace(nq=p.nq + 1), "meta-bypass")
 
-    run_property(kernel, "meta-bypass", problems(kernel.capabilities, device=device, sizes=sizes), check)
+    run_property(run, kernel, "meta-bypass", problems(kernel.capabilities, device=device, sizes=sizes), check)
 
 
-def _mislabelling_property(kernel: Kernel, device: str, sizes: Sizes) -> None:
+def _mislabelling_property(run: RunContext, kernel: Kernel, device: str, sizes: Sizes) -> None:
     """A property that runs a problem without its sinks under the problem with them."""
 
     def check(kernel: Kernel, p: Problem) -> None:
@@ -191,7 +189,7 @@ def _mislabelling_property(kernel: Kernel, device: str, sizes: Sizes) -> None:
 
     strategy = problems(kernel.capabilities, device=device, sizes=sizes,
                         derive=lambda p: p.replace(sinks="mixed"))
-    run_property(kernel, "meta-mislabel", strategy, check)
+    run_property(run, kernel, "meta-mislabel", strategy, check)
 
 
 @pytest.mark.parametrize("prop", [_bypassing_property, _mislabelling_property], ids=["bypass", "mislabel"])

@@ -9,7 +9,6 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-import flashprop.harness.report as report
 import pytest
 import torch
 from flashprop.contract.capabilities import Capabilities, KVCache
@@ -17,6 +16,7 @@ from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness import diagnosis
 from flashprop.harness.check import PropertyFailure, assert_close_to_golden, gradient_names, run_kernel
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes
 from flashprop.properties import test_gradcheck
 from flashprop.refimpl import attention_golden, attention_yardstick
@@ -361,24 +361,23 @@ def _autograd_kernel(name: str, function: type[torch.autograd.Function], *,
 
 
 @contextlib.contextmanager
-def _few_examples(kernel: Kernel) -> Iterator[None]:
-    """A few examples (gradgradcheck runs a quarter), no shrinking; the kernel's tallies dropped
-    afterwards."""
+def _few_examples() -> Iterator[RunContext]:
+    """A few examples (gradgradcheck runs a quarter), no shrinking, in a run context of its own
+    (the kernel's tallies out of the session's summary)."""
     settings.register_profile("flashprop-meta-diagnosis-saved", settings.default)
     settings.register_profile("flashprop-meta-diagnosis", settings.default, max_examples=40,
                               phases=[Phase.explicit, Phase.generate], database=None)
     settings.load_profile("flashprop-meta-diagnosis")
     try:
-        yield
+        yield RunContext()
     finally:
         settings.load_profile("flashprop-meta-diagnosis-saved")
-        report.forget(kernel.name)
 
 
 def test_a_wrong_double_backward_gets_the_once_differentiable_hint():
     kernel = _autograd_kernel("meta-saved-p", _SavedP)
-    with _few_examples(kernel), pytest.raises(PropertyFailure) as failure:
-        test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+    with _few_examples() as run, pytest.raises(PropertyFailure) as failure:
+        test_gradcheck.test_gradgradcheck(run, kernel, "cpu", _TINY)
     text = str(failure.value)
     assert "Jacobians of o differ" in text and "@torch.autograd.function.once_differentiable" in text, text
 
@@ -396,20 +395,20 @@ def test_a_wrong_first_derivative_is_named_before_the_second():
 
 def test_a_once_differentiable_backward_is_a_clean_refusal():
     kernel = _autograd_kernel("meta-once", _OnceDifferentiable)
-    with _few_examples(kernel), pytest.raises(pytest.skip.Exception, match="not differentiable"):
-        test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
+    with _few_examples() as run, pytest.raises(pytest.skip.Exception, match="not differentiable"):
+        test_gradcheck.test_gradgradcheck(run, kernel, "cpu", _TINY)
 
 
 def test_a_probe_of_double_backward_that_raises_is_a_tallied_failure():
     """The probe runs before the property's examples: its failure is still in the table and the
     causes, as the kernel's error."""
     kernel = _autograd_kernel("meta-probe-raises", _SavedP, raise_when_recorded=True)
-    with _few_examples(kernel):
+    with _few_examples() as run:
         with pytest.raises(PropertyFailure) as failure:
-            test_gradcheck.test_gradgradcheck(kernel, "cpu", _TINY)
-        tally = report.TALLIES[(kernel.name, "gradgradcheck")]
+            test_gradcheck.test_gradgradcheck(run, kernel, "cpu", _TINY)
+        tally = run.tallies[kernel.name, "gradgradcheck"]
         assert tally.failed == 1 and tally.last_failure == failure.value.failure
-        groups = [g for g in report.failure_groups() if g.kernel == kernel.name]
+        groups = [g for g in run.tallies.failure_groups() if g.kernel == kernel.name]
     assert [g.properties for g in groups] == [("gradgradcheck",)]
     assert groups[0].headline.startswith("the kernel raised RuntimeError: one of the variables"), groups[0]
     assert "once_differentiable" in str(failure.value)

@@ -19,7 +19,6 @@ import pytest
 import torch
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
-from flashprop.harness import check
 from flashprop.harness.check import (
     Outputs,
     PropertyFailure,
@@ -29,7 +28,7 @@ from flashprop.harness.check import (
     run_kernel,
     run_property,
 )
-from flashprop.harness.report import forget
+from flashprop.harness.run_context import RunContext
 from flashprop.properties.test_determinism import _rerun_check
 from flashprop.refimpl.blocked import attention as blocked
 from hypothesis import Phase
@@ -89,23 +88,16 @@ def golden_check(kernel: Kernel, p: Problem) -> None:
 CHECKS = {"golden": golden_check, "deterministic-forward": _rerun_check(("o", "lse"), backward=False)[1]}
 
 
-@pytest.fixture
-def once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The given problem only: no database, no shrinking."""
-    monkeypatch.setattr(check, "OVERRIDES", {"database": None, "phases": [Phase.explicit, Phase.generate]})
-
-
 def _run(kernel: Kernel, p: Problem, prop_check: Callable[[Kernel, Problem], None]) -> None:
-    try:
-        run_property(kernel, PROP, st.just(p), prop_check)
-    finally:
-        forget(kernel.name)
+    """The given problem only: no database, no shrinking, in a run context of its own."""
+    once = RunContext(database=None, phases=(Phase.explicit, Phase.generate))
+    run_property(once, kernel, PROP, st.just(p), prop_check)
 
 
 @pytest.mark.parametrize("mode", sorted(PROBLEMS))
 @pytest.mark.parametrize("prop", sorted(CHECKS))
 @pytest.mark.parametrize("plant", sorted(PLANTS))
-def test_wrong_output_dtype_or_shape_fails_every_property(once, plant, prop, mode):
+def test_wrong_output_dtype_or_shape_fails_every_property(plant, prop, mode):
     """A planted wrong dtype or layout of o or lse fails a golden property and a property that
     compares two runs, in every entry point, naming the contract's dtype or shape; the correct
     kernel passes the same check on the same problem."""

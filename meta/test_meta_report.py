@@ -8,6 +8,7 @@ test with its examples, flashprop's report on a failure) and where the traceback
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -22,11 +23,12 @@ import pytest
 from flashprop.contract.capabilities import Capabilities
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
-from flashprop.harness import timebox
 from flashprop.harness.causes import group, normalize
 from flashprop.harness.check import PropertyFailure, failure, run_property
 from flashprop.harness.failures import REPLAY_HEADER, REPRO_HEADER, Failure
-from flashprop.harness.report import Tally
+from flashprop.harness.report import Tallies, Tally
+from flashprop.harness.run_context import RunContext
+from flashprop.harness.timebox import TimeBox
 from hypothesis import strategies as st
 
 from flashprop.cli import TRACEBACKS, tracebacks_file
@@ -87,32 +89,30 @@ def test_a_diagnosis_is_a_cause():
 
 
 @pytest.fixture
-def tallies(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, str], Tally]:
-    """A fresh tally for the test (the session's is left alone)."""
-    fresh = type(report.TALLIES)(report.Tally)
-    monkeypatch.setattr(report, "TALLIES", fresh)
-    return fresh
+def tallies() -> Tallies:
+    """Fresh tallies for the test (the session's are left alone)."""
+    return Tallies()
 
 
 def test_the_table_shows_asked_examples_causes_and_skip_reasons(tallies):
     """Rows that ran, by kernel and property, with the failures' cause numbers (each cause shown
     once) and a time box's stop; one row for a kernel whose tests were all skipped for one reason;
     the tests that drew nothing on one line per reason after the table."""
-    tallies["k", "forward"] = Tally(passed=3, failed=2, seconds=1.0, asked=200,
-                                    last_failure=_report("forward", BIG, NO_KERNEL.format(72, 1)))
-    tallies["k", "backward"] = Tally(failed=1, seconds=1.0, asked=150,
-                                     last_failure=_report("backward", SMALL, NO_KERNEL.format(72, 2)))
-    tallies["k", "long-sequences"] = Tally(passed=10, seconds=2.0, asked=10, cut=1)
-    report.start_item()
-    report.note_skip("k", "variant_forward[window]", "kernel k does not declare variant 'window'")
-    report.start_item()
-    report.expect("k", "precision", 100)  # asked, then it found nothing declared to draw
-    report.note_skip("k", "low_precision_inputs_accumulate_in_fp32",
+    tallies.by_property["k", "forward"] = Tally(passed=3, failed=2, seconds=1.0, asked=200,
+                                                last_failure=_report("forward", BIG, NO_KERNEL.format(72, 1)))
+    tallies.by_property["k", "backward"] = Tally(
+        failed=1, seconds=1.0, asked=150, last_failure=_report("backward", SMALL, NO_KERNEL.format(72, 2)))
+    tallies.by_property["k", "long-sequences"] = Tally(passed=10, seconds=2.0, asked=10, cut=1)
+    tallies.start_item()
+    tallies.note_skip("k", "variant_forward[window]", "kernel k does not declare variant 'window'")
+    tallies.start_item()
+    tallies.expect("k", "precision", 100)  # asked, then it found nothing declared to draw
+    tallies.note_skip("k", "low_precision_inputs_accumulate_in_fp32",
                      "declares none of the problems precision needs (fp16)")
     for test in ("forward_matches_golden", "empty_rows"):  # a kernel that cannot run here: one row
-        report.start_item()
-        report.note_skip("gone", test, "unavailable: kernel gone: no GPU")
-    lines = report.summary_lines()
+        tallies.start_item()
+        tallies.note_skip("gone", test, "unavailable: kernel gone: no GPU")
+    lines = tallies.summary_lines()
     assert lines[0].split() == list(report.COLUMNS)
     rows = [line.split(None, 8) for line in lines[2:6]]
     assert rows[:3] == [
@@ -129,15 +129,15 @@ def test_the_table_shows_asked_examples_causes_and_skip_reasons(tallies):
         "  k  1 test: does not declare variant 'window'",
         "  k  1 test: declares none of the problems precision needs (fp16)",
     ]
-    assert report.summary_lines(all_skips=True)[8:] == [
+    assert tallies.summary_lines(all_skips=True)[8:] == [
         "  k  precision: declares none of the problems precision needs (fp16)",
         "  k  variant_forward[window]: does not declare variant 'window'",
     ]
-    text = "\n".join(report.failure_lines())
+    text = "\n".join(tallies.failure_lines())
     assert text.count("fail with one cause") == 1 and text.count("property 'backward' failed") == 1
     assert "[1] k: 2 properties fail with one cause: " + NO_KERNEL.format(72, 2) in text
     assert "properties: backward, forward" in text and "property 'forward' failed" not in text
-    markdown = "\n".join(report.markdown_lines())
+    markdown = "\n".join(tallies.markdown_lines())
     assert markdown.startswith("## flashprop on gone, k: 2 of 3 properties failed")
     assert "| k | long-sequences | 10 | 10 | 0 | 0 | 5.0 | 10 | time-boxed |" in markdown
     assert "<summary>k: 1 tests: declares none of the problems precision needs (fp16)</summary>" in markdown
@@ -201,8 +201,8 @@ def _a_first_fuzz(tallies) -> dict[str, str]:
     """A dense user kernel's tallies after a time-boxed fuzz run: 26 properties ran (two failed
     with one cause, two stopped by the time box), 46 tests drew nothing; their reasons by test."""
     for i, (prop, asked) in enumerate(RAN.items()):
-        tallies[USER, prop] = Tally(passed=asked // 10 + i, refused=i % 3, seconds=3.7 + i, asked=asked,
-                                    cut=int(prop in ("long-golden", "precision")))
+        tallies.by_property[USER, prop] = Tally(passed=asked // 10 + i, refused=i % 3, seconds=3.7 + i,
+                                                asked=asked, cut=int(prop in ("long-golden", "precision")))
     for prop in ("forward", "backward"):
         tallies[USER, prop].failed = 12
         tallies[USER, prop].last_failure = _report(prop, SMALL, "o: max|err| = 0.5 > budget 0.01",
@@ -212,8 +212,8 @@ def _a_first_fuzz(tallies) -> dict[str, str]:
              for variant, names in NEEDS_VARIANT.items() for name in names}
     skips.update(OTHER_SKIPS)
     for name, reason in skips.items():
-        report.start_item()
-        report.note_skip(USER, name, reason)
+        tallies.start_item()
+        tallies.note_skip(USER, name, reason)
     return skips
 
 
@@ -224,7 +224,7 @@ def test_the_table_fits_100_columns_and_folds_the_tests_that_drew_nothing(tallie
     columns too."""
     skips = _a_first_fuzz(tallies)
     assert len(skips) == 46
-    lines = report.summary_lines()
+    lines = tallies.summary_lines()
     assert max(map(len, lines)) <= report.WIDTH == 100, "\n".join(lines)
     rows = [line.split()[1] for line in lines[2:] if line.startswith(USER)]
     assert sorted(rows) == sorted(RAN)
@@ -241,7 +241,7 @@ def test_the_table_fits_100_columns_and_folds_the_tests_that_drew_nothing(tallie
     assert "variant 'window' (5)" in undeclared and "varlen (3), KV-cache decode (1)" in undeclared
     assert not any(name in "\n".join(folded) for name in skips)
 
-    listed = report.summary_lines(all_skips=True)
+    listed = tallies.summary_lines(all_skips=True)
     assert max(map(len, listed)) <= report.WIDTH, "\n".join(listed)
     assert listed[:2 + len(RAN)] == lines[:2 + len(RAN)]
     words = " ".join(" ".join(listed[2 + len(RAN):]).split())  # the lines unwrapped
@@ -249,15 +249,13 @@ def test_the_table_fits_100_columns_and_folds_the_tests_that_drew_nothing(tallie
         assert words.count(" ".join(f"{USER} {name}: {reason.removeprefix(f'kernel {USER} ')}".split())) == 1
 
 
-def test_a_skip_reason_keeps_its_first_line():
+def test_a_skip_reason_keeps_its_first_line(tallies):
     """What Hypothesis appends to a skip raised inside it (its failing example, a note per
     line) stays out of the table."""
-    report.start_item()
-    report.note_skip("k-notes", "probe", "out of device memory at N=8k\nFailing explicit example: ...\n  x=1")
-    try:
-        assert report.TALLIES["k-notes", "probe"].skipped == ["out of device memory at N=8k"]
-    finally:
-        report.forget("k-notes")
+    tallies.start_item()
+    tallies.note_skip("k-notes", "probe",
+                      "out of device memory at N=8k\nFailing explicit example: ...\n  x=1")
+    assert tallies["k-notes", "probe"].skipped == ["out of device memory at N=8k"]
 
 
 def test_tallies_of_older_runs_merge_and_skips_add_up(tallies, tmp_path: Path, capsys):
@@ -270,6 +268,7 @@ def test_tallies_of_older_runs_merge_and_skips_add_up(tallies, tmp_path: Path, c
     (tmp_path / "old.json").write_text(json.dumps([old]))
     (tmp_path / "new.json").write_text(json.dumps([new, {**new, "asked": 5}]))
     assert report.main([str(tmp_path / "old.json"), str(tmp_path / "new.json")]) == 1
+    tallies.merge([str(tmp_path / "old.json"), str(tmp_path / "new.json")])
     forward = tallies["k", "forward"]
     assert (forward.run, forward.asked, forward.skipped) == (8, 8, ["time box", "time box"])
     assert "failures by cause" in capsys.readouterr().out
@@ -279,12 +278,13 @@ def test_the_time_box_probe_counts_only_tests_that_reach_their_property():
     """A test that skips before its property, or has none, draws nothing; one that reaches it
     (where ``share`` stops it) or fails before does."""
     reached = []
+    box = TimeBox()
 
     def skips() -> None:
         pytest.skip("kernel k does not declare variant 'window'")
 
     def reaches() -> None:
-        timebox.share()
+        box.share()
         reached.append("past its share")
 
     def fails_early() -> None:
@@ -293,7 +293,7 @@ def test_the_time_box_probe_counts_only_tests_that_reach_their_property():
     def no_property() -> None:
         return None
 
-    drawn = [timebox.draws(test) for test in (skips, reaches, fails_early, no_property)]
+    drawn = [box.draws(test) for test in (skips, reaches, fails_early, no_property)]
     assert drawn == [False, True, True, False]
     assert reached == []
 
@@ -307,13 +307,12 @@ SEEDS = st.integers(0, 10**6).map(lambda seed: SMALL.replace(seed=seed))
 
 
 @pytest.fixture
-def boxed(monkeypatch: pytest.MonkeyPatch):
-    """A time box of 0.2 s for one property (this test's, the session's left alone); the
-    stand-in kernel's tallies are dropped after."""
-    monkeypatch.setattr(timebox, "_box", {})
-    timebox.start(0.2, 1)
-    yield report.TALLIES
-    report.forget(BOXED.name)
+def boxed() -> RunContext:
+    """A run context of its own (the session's left alone) with a time box of 0.2 s for one
+    property."""
+    run = RunContext()
+    run.time_box.start(0.2, 1)
+    return run
 
 
 def _slow(kernel: Kernel, problem: Problem) -> None:
@@ -324,28 +323,28 @@ def test_a_time_box_stop_is_a_pass_with_its_examples_in_the_explicit_phase_too(b
     """The box runs out during the explicit examples: the property ends there as a pass (no skip,
     no 'Failing explicit example' note from Hypothesis anywhere), its one example counted and its
     stop noted on its row."""
-    run_property(BOXED, "meta-boxed", SEEDS, _slow, explicit=(SMALL, SMALL.replace(seed=1)))
-    tally = boxed[BOXED.name, "meta-boxed"]
+    run_property(boxed, BOXED, "meta-boxed", SEEDS, _slow, explicit=(SMALL, SMALL.replace(seed=1)))
+    tally = boxed.tallies[BOXED.name, "meta-boxed"]
     assert (tally.run, tally.passed, tally.cut, tally.skipped) == (1, 1, 1, [])
     assert "Failing explicit example" not in "".join(capsys.readouterr())
-    assert next(r for r in report.table_rows() if r[0] == BOXED.name)[-1] == "time-boxed"
+    assert next(r for r in boxed.tallies.table_rows() if r[0] == BOXED.name)[-1] == "time-boxed"
 
 
 def test_a_time_box_spent_before_a_property_starts_still_runs_its_first_example(boxed):
     """A property whose share is spent when it starts (the ones before it overran the box) runs
     one example and passes time-boxed: every property of a boxed run is tried."""
     time.sleep(0.25)
-    run_property(BOXED, "meta-boxed", SEEDS, _slow)
-    tally = boxed[BOXED.name, "meta-boxed"]
+    run_property(boxed, BOXED, "meta-boxed", SEEDS, _slow)
+    tally = boxed.tallies[BOXED.name, "meta-boxed"]
     assert (tally.run, tally.passed, tally.cut) == (1, 1, 1)
 
 
-def test_a_failing_property_is_not_stopped_by_the_time_box(boxed, monkeypatch: pytest.MonkeyPatch):
+def test_a_failing_property_is_not_stopped_by_the_time_box(boxed):
     """A property that failed goes on past its share and fails: in the explicit phase (where
     Hypothesis would report a stop's skip instead of the failure before it), and while shrinking
     (here until the shrink limit); so does one whose check raised something else (Hypothesis
     shrinks that as a failure too)."""
-    monkeypatch.setitem(timebox.SHRINK_SECONDS, "limit", 0.5)
+    run = dataclasses.replace(boxed, shrink_seconds=0.5)  # its time box and tallies, shrinking 0.5 s
 
     def fails_on_odd_seeds(kernel: Kernel, problem: Problem) -> None:
         time.sleep(0.3 if problem.seed == 1 else 0.05)  # seed 1 spends the share
@@ -353,11 +352,11 @@ def test_a_failing_property_is_not_stopped_by_the_time_box(boxed, monkeypatch: p
             raise PropertyFailure(Failure(BOXED.name, "meta-boxed", problem.describe()))
 
     with pytest.raises(PropertyFailure):
-        run_property(BOXED, "meta-explicit", SEEDS, fails_on_odd_seeds,
+        run_property(run, BOXED, "meta-explicit", SEEDS, fails_on_odd_seeds,
                      explicit=(SMALL.replace(seed=1), SMALL.replace(seed=2)))
-    assert boxed[BOXED.name, "meta-explicit"].run == 2
+    assert run.tallies[BOXED.name, "meta-explicit"].run == 2
     for prop in ("meta-shrinks", "meta-raises"):
-        timebox.start(0.2, 1)
+        run.time_box.start(0.2, 1)
         calls = []
 
         def fails(kernel: Kernel, problem: Problem, prop=prop, calls=calls) -> None:
@@ -371,9 +370,9 @@ def test_a_failing_property_is_not_stopped_by_the_time_box(boxed, monkeypatch: p
             raise ZeroDivisionError("a bug in the check, not the kernel's failure")
 
         with pytest.raises(PropertyFailure if prop == "meta-shrinks" else ZeroDivisionError):
-            run_property(BOXED, prop, SEEDS, fails)
+            run_property(run, BOXED, prop, SEEDS, fails)
         assert calls[-1] - calls[0] > 0.3, prop  # it shrank past its share
-    assert not any(boxed[BOXED.name, prop].cut for prop in ("meta-explicit", "meta-shrinks", "meta-raises"))
+    assert not any(run.tallies[BOXED.name, p].cut for p in ("meta-explicit", "meta-shrinks", "meta-raises"))
 
 
 # --- a run's JUnit XML and tracebacks ---------------------------------------------------------

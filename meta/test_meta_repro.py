@@ -25,7 +25,6 @@ import torch
 from flashprop.contract.outputs import expected_shapes, lse_dtype
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel, load_kernel
-from flashprop.harness import check
 from flashprop.harness.check import (
     GRADIENTS,
     PropertyFailure,
@@ -35,7 +34,7 @@ from flashprop.harness.check import (
     run_property,
 )
 from flashprop.harness.failures import REPLAY_HEADER, REPRO_HEADER
-from flashprop.harness.report import forget
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.scale_problems import SPREAD_LAYOUTS, host_reserve_limit, spread_span_bytes
 from flashprop.harness.strategies import Sizes
 from flashprop.properties import test_error_contract, test_huge
@@ -180,10 +179,10 @@ CASES = {
 }
 
 
-@pytest.fixture
-def quick(monkeypatch: pytest.MonkeyPatch) -> None:
-    """One example, no database, no shrinking (the problem is given): the report is the point."""
-    monkeypatch.setattr(check, "OVERRIDES", {"database": None, "phases": [Phase.explicit, Phase.generate]})
+def _quick() -> RunContext:
+    """One example, no database, no shrinking (the problem is given): the report is the point; in
+    a run context of its own."""
+    return RunContext(database=None, phases=(Phase.explicit, Phase.generate))
 
 
 def _report(kernel: Kernel, problem: Problem, judged: tuple[str, ...]) -> str:
@@ -195,12 +194,9 @@ def _report(kernel: Kernel, problem: Problem, judged: tuple[str, ...]) -> str:
         assert_close_to_golden(kernel, p, PROP, out, judged)
 
     spread = problem.layout in SPREAD_LAYOUTS
-    try:
-        with pytest.raises(PropertyFailure) as failed:
-            check = test_huge.spread_check(PROP) if spread else golden_check
-            run_property(kernel, PROP, st.just(problem), check)
-    finally:
-        forget(kernel.name)
+    with pytest.raises(PropertyFailure) as failed:
+        check = test_huge.spread_check(PROP) if spread else golden_check
+        run_property(_quick(), kernel, PROP, st.just(problem), check)
     return str(failed.value)
 
 
@@ -222,8 +218,7 @@ def _run(script: str, folder: Path, scripts: Path) -> subprocess.CompletedProces
 
 
 @pytest.mark.parametrize("kind", sorted(CASES))
-def test_the_repro_reproduces_the_failure(kind: str, quick: None, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch):
+def test_the_repro_reproduces_the_failure(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     case = CASES[kind]
     if case.problem.layout in SPREAD_LAYOUTS and host_reserve_limit() < spread_span_bytes(case.problem):
         pytest.skip(f"the spread case's views reserve {spread_span_bytes(case.problem) / 2**30:.0f} GiB "
@@ -367,8 +362,7 @@ def test_a_repro_whose_one_call_passes_runs_the_property(tmp_path: Path):
     assert run.returncode == 1, output
 
 
-def test_a_malformed_input_repro_makes_the_malformed_call(quick: None, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch):
+def test_a_malformed_input_repro_makes_the_malformed_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The error contract's malformed-inputs failure (a window side of -2 answered): its repro
     rebuilds the corrupted inputs (``malformed_inputs``) and makes that call, not the well-formed
     one, under ``must_refuse``: FAIL and status 1 while the kernel answers it; with the kernel
@@ -382,12 +376,9 @@ def test_a_malformed_input_repro_makes_the_malformed_call(quick: None, tmp_path:
     kernel = load_kernel("./unchecked.py:attn")
     sizes = Sizes(max_n=8, max_batch=1, max_kv_heads=1, max_group=1, max_head_dim=8, max_work=10_000)
     corruption = "window_size below -1"
-    try:
-        with pytest.raises(PropertyFailure) as failed:
-            test_error_contract.test_malformed_variant_inputs_raise_clear_error(kernel, "cpu", sizes,
-                                                                                corruption)
-    finally:
-        forget(kernel.name)
+    with pytest.raises(PropertyFailure) as failed:
+        test_error_contract.test_malformed_variant_inputs_raise_clear_error(_quick(), kernel, "cpu", sizes,
+                                                                            corruption)
     script = _repro(str(failed.value))
     assert f"inp = malformed_inputs(p, {corruption!r})" in script, script
     assert "window_size = inp.kwargs['window_size']" in script, script

@@ -22,7 +22,7 @@ from flashprop.contract.registry import Kernel, load_kernel
 from flashprop.harness import scale_problems
 from flashprop.harness.check import PropertyFailure
 from flashprop.harness.long_references import row_segments, yardstick_rows
-from flashprop.harness.report import forget
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.scale_problems import (
     AXES,
     BOUNDARY,
@@ -212,7 +212,7 @@ def _offsets_kernel(*, refuse: bool):
 @pytest.mark.parametrize("refuse", [True, False], ids=["refuses", "answers-wrongly"])
 def test_scale_error_contract_catches_wrong_answers(refuse: bool):
     """The error contract at scale passes a kernel that refuses views past its max_elements and
-    fails one that answers them wrongly (the fake kernel's tallies are removed after)."""
+    fails one that answers them wrongly (in a run context of its own, out of the session's summary)."""
     name = f"meta-offsets-{'refuses' if refuse else 'lies'}"
     kernel = Kernel(name=name, fn=_offsets_kernel(refuse=refuse), capabilities=_SMALL_OFFSETS)
     saved = settings.default
@@ -221,14 +221,13 @@ def test_scale_error_contract_catches_wrong_answers(refuse: bool):
     settings.load_profile("flashprop-meta-scale")
     try:
         if refuse:
-            test_huge.test_scale_error_contract(kernel, "cpu")
+            test_huge.test_scale_error_contract(RunContext(), kernel, "cpu")
         else:
             with pytest.raises(PropertyFailure, match="scale-error-contract"):
-                test_huge.test_scale_error_contract(kernel, "cpu")
+                test_huge.test_scale_error_contract(RunContext(), kernel, "cpu")
     finally:
         settings.register_profile("flashprop-meta-scale-saved", saved)
         settings.load_profile("flashprop-meta-scale-saved")
-        forget(name)
 
 
 def test_extent_and_check_elements():

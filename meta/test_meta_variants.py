@@ -22,7 +22,7 @@ from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.contract.variants import MODIFIERS, TABLE, Variant
 from flashprop.harness.check import PropertyFailure
-from flashprop.harness.report import forget
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
 from flashprop.harness.variant_problems import variant_problems
@@ -229,7 +229,8 @@ def test_each_row_of_the_variant_table_holds_for_its_problems(row: Variant):
 def run_variant_error_contract(name: str, fn: Callable, caps: Capabilities, caught: bool) -> None:
     """The variant error contract on the stand-in kernel ``fn`` declaring ``caps``: 8 generated
     examples of tiny problems under a profile of their own (the loaded one restored after);
-    ``caught``: the property must fail, else pass. The stand-in's tallies are forgotten."""
+    ``caught``: the property must fail, else pass. In a run context of its own (the stand-in's
+    tallies out of the session's summary)."""
     kernel = Kernel(name=name, fn=fn, capabilities=caps)
     prop = error_contract.test_undeclared_variant_raises_clear_error_or_is_correct
     sizes = Sizes(max_n=6, max_batch=1, max_kv_heads=1, max_group=2, max_head_dim=8, max_work=10_000)
@@ -239,13 +240,12 @@ def run_variant_error_contract(name: str, fn: Callable, caps: Capabilities, caug
     try:
         if caught:
             with pytest.raises(PropertyFailure, match="variant-error-contract"):
-                prop(kernel, "cpu", sizes)
+                prop(RunContext(), kernel, "cpu", sizes)
         else:
-            prop(kernel, "cpu", sizes)
+            prop(RunContext(), kernel, "cpu", sizes)
     finally:
         settings.register_profile(f"flashprop-{name}-saved", saved)
         settings.load_profile(f"flashprop-{name}-saved")
-        forget(name)
 
 
 def _without(name: str) -> dict:

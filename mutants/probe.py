@@ -3,11 +3,11 @@
 Loaded with ``-p mutants.probe``; it does nothing unless ``FLASHPROP_PROBE_OUT`` names a file.
 One pytest session checks several mutants (``--kernel mutants.catalogue:A --kernel ...``): the
 kernel fixture is session-scoped, so pytest runs every test of one kernel before the next, in
-the property files' order. For each kernel the probe counts the examples (it wraps
-``harness.check.record``, through which every example of every property passes) and the
-seconds spent in that kernel's tests; a kernel is *caught* by its first failing test, after
-which the rest of its tests are skipped (``-x`` per kernel), as they are once its time budget
-(``FLASHPROP_PROBE_BUDGET`` seconds) is spent. At the end of the session it writes JSON to the
+the property files' order. For each kernel the probe counts the examples (it wraps the ``record``
+of the session's tallies, ``RunContext.tallies``, through which every example of every property
+passes) and the seconds spent in that kernel's tests; a kernel is *caught* by its first failing
+test, after which the rest of its tests are skipped (``-x`` per kernel), as they are once its
+time budget (``FLASHPROP_PROBE_BUDGET`` seconds) is spent. At the end of the session it writes JSON to the
 file: per kernel spec, ``status`` (``caught``, ``survived``, ``timeout`` or ``error``),
 ``property`` (the first failing property), ``examples`` (examples of that kernel up to and
 including the first failing one), ``seconds`` (time in that kernel's tests up to the failure,
@@ -124,16 +124,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Hook ``harness.check.record`` once the test modules are imported."""
+    """Hook the ``record`` of the session's tallies (``harness.run_context.RunContext.tallies``)."""
     global _PROBE
     out = os.environ.get(OUT_ENV)
     if not out:
         return
-    import flashprop.harness.check as check
+    from flashprop.harness.run_context import RUN
 
     budget = os.environ.get(BUDGET_ENV)
     _PROBE = Probe(Path(out), float(budget) if budget else None)
-    check.record = _PROBE.wrap(check.record)
+    tallies = session.config.stash[RUN].tallies
+    tallies.record = _PROBE.wrap(tallies.record)
     for item in session.items:
         spec = _spec(item)
         if spec is not None:

@@ -6,8 +6,9 @@ in ``meta/``.
 To add a property:
 
 1. Write a ``test_<what>`` function in the ``test_*.py`` file of its theme (or a new
-   ``properties/test_<theme>.py``) that takes the ``kernel``, ``device`` and ``sizes`` fixtures
-   (the plugin, ``flashprop/plugin.py``, runs it once per ``--kernel``).
+   ``properties/test_<theme>.py``) that takes the ``run``, ``kernel``, ``device`` and ``sizes``
+   fixtures (the plugin, ``flashprop/plugin.py``, runs it once per ``--kernel``; ``run`` is the
+   session's ``harness.run_context.RunContext``: the command line's settings, time box and tallies).
 2. Skip, saying why, when the kernel does not declare what the property needs
    (``kernel.capabilities``: ``pytest.skip(f"kernel {kernel.name} does not declare backward")``).
 3. Write ``check(kernel, problem)``: call the kernel through ``harness.check.run_kernel`` and judge the
@@ -17,7 +18,7 @@ To add a property:
    problem, the detail lines, and what names the cause where the property knows it: an
    ``error=``, a ``symptom=`` of a comparison with the golden, a ``relation=`` of two runs; the
    repro and replay command are added).
-4. Hand ``check`` to ``check.run_property`` with a short property name (the tables, ``--replay``
+4. Hand ``run`` and ``check`` to ``check.run_property`` with a short property name (the tables, ``--replay``
    and campaigns know it by that name) and the problems, from ``strategies.problems`` (or
    ``variant_problems``) for the kernel's capabilities, ``device`` and ``sizes``; ``weight``
    scales the profile's examples for an expensive property. Every problem the property runs

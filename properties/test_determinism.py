@@ -60,15 +60,15 @@ def _many_tiles(caps, device, sizes):
     return problems(caps, device=device, sizes=sizes, derive=lambda p: p.replace(**smallest))
 
 
-def test_forward_bitwise_reproducible(kernel, device, sizes):
+def test_forward_bitwise_reproducible(run, kernel, device, sizes):
     """capabilities.deterministic: two forward runs give bitwise-equal o and lse."""
     if not kernel.capabilities.deterministic:
         pytest.skip(f"kernel {kernel.name} does not declare a deterministic forward")
     prop, check = _rerun_check(("o", "lse"), backward=False)
-    run_property(kernel, prop, _many_tiles(kernel.capabilities, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _many_tiles(kernel.capabilities, device, sizes), check, weight=0.5)
 
 
-def test_backward_bitwise_reproducible(kernel, device, sizes):
+def test_backward_bitwise_reproducible(run, kernel, device, sizes):
     """capabilities.deterministic_backward: two backward runs give bitwise-equal dq, dk, dv."""
     caps = kernel.capabilities
     if not caps.backward:
@@ -76,4 +76,4 @@ def test_backward_bitwise_reproducible(kernel, device, sizes):
     if not caps.deterministic_backward:
         pytest.skip(f"kernel {kernel.name} does not declare a deterministic backward")
     prop, check = _rerun_check(("o", "dq", "dk", "dv"), backward=True)
-    run_property(kernel, prop, _many_tiles(caps, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _many_tiles(caps, device, sizes), check, weight=0.5)

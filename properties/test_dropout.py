@@ -134,7 +134,7 @@ def _entries(p: Problem) -> int:
 
 
 # ----------------------------------------------------------------------- same seed, other seeds
-def test_dropout_same_seed_reproduces_bitwise(kernel, device, sizes):
+def test_dropout_same_seed_reproduces_bitwise(run, kernel, device, sizes):
     """The same seed gives bitwise the same o and lse, and gradients where the dropout backward
     is declared (the mask is a function of the seed, not of a generator's state)."""
     _require(kernel)
@@ -153,10 +153,10 @@ def test_dropout_same_seed_reproduces_bitwise(kernel, device, sizes):
                                                             *diffs], judged=()))
 
     strategy = _problems(kernel, device, sizes, backward=backward, dropout_ps=POSITIVE)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_dropout_seeds_differ(kernel, device, sizes):
+def test_dropout_seeds_differ(run, kernel, device, sizes):
     """Seeds s and s + 1 give different o (p >= 0.1, at least 121 entries whose drop changes o:
     two independent masks agree with probability below 4e-11)."""
     _require(kernel)
@@ -173,7 +173,7 @@ def test_dropout_seeds_differ(kernel, device, sizes):
 
     strategy = _problems(kernel, device, sizes, dropout_ps=DIFFERING, derive=_plain,
                          related=lambda p: [_seeded(p, p.dropout[1] + 1)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 # ------------------------------------------------------------------------------ independence
@@ -204,7 +204,7 @@ def _replicated_inputs(p: Problem) -> tuple[KernelInputs, Callable[[torch.Tensor
         p.b * p.hq, -1)
 
 
-def test_dropout_masks_independent_across_batch_and_heads(kernel, device, sizes):
+def test_dropout_masks_independent_across_batch_and_heads(run, kernel, device, sizes):
     """With the same q, k, v in every batch element (varlen sequence) and query head, no two of
     them give the same o: each (b, h) draws its own mask (an RNG offset reused across heads,
     GQA groups, batch elements or sequences makes two equal)."""
@@ -226,11 +226,11 @@ def test_dropout_masks_independent_across_batch_and_heads(kernel, device, sizes)
                         f"{_agreement(p.dropout[0], _entries(p) // (p.b * hq)):.1e})"], judged=()))
 
     strategy = _problems(kernel, device, sizes, dropout_ps=DIFFERING, derive=_replicated_unit)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 # ---------------------------------------------------------------------------- p = 0 and the lse
-def test_dropout_zero_is_no_dropout(kernel, device, sizes):
+def test_dropout_zero_is_no_dropout(run, kernel, device, sizes):
     """dropout_p = 0 is no dropout: o, lse (and gradients) within the tolerance model of the
     golden without dropout."""
     _require(kernel)
@@ -242,10 +242,10 @@ def test_dropout_zero_is_no_dropout(kernel, device, sizes):
         assert_close_to_golden(kernel, p, prop, out, ("o", "lse", *(gradient_names(p) if backward else ())))
 
     strategy = _problems(kernel, device, sizes, backward=backward, dropout_ps=(0.0,))
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_dropout_leaves_lse_undropped(kernel, device, sizes):
+def test_dropout_leaves_lse_undropped(run, kernel, device, sizes):
     """At every p the lse is the undropped softmax's, the golden's (dropout applies to the
     normalised probabilities; a mask applied before the normalisation changes lse)."""
     _require(kernel)
@@ -256,7 +256,7 @@ def test_dropout_leaves_lse_undropped(kernel, device, sizes):
     def check(kernel: Kernel, p: Problem) -> None:
         assert_close_to_golden(kernel, p, prop, run_kernel(kernel, p, prop), ("lse",))
 
-    run_property(kernel, prop, _problems(kernel, device, sizes, dropout_ps=POSITIVE), check, weight=0.5)
+    run_property(run, kernel, prop, _problems(kernel, device, sizes, dropout_ps=POSITIVE), check, weight=0.5)
 
 
 # ------------------------------------------------------------------------------------ the mean
@@ -309,7 +309,7 @@ def _rounding(kernel: Kernel, p: Problem) -> float:
     return total / SEEDS
 
 
-def test_dropout_mean_converges_to_the_golden(kernel, device, sizes):
+def test_dropout_mean_converges_to_the_golden(run, kernel, device, sizes):
     """The mean of o over :data:`SEEDS` seeds is within the Bernstein bounds (plus each output's
     rounding budget) of the golden without dropout, per entry and along o: each seed's o is an
     unbiased estimate (a missing 1/(1 - p), or a keep probability other than 1 - p, biases it)."""
@@ -354,7 +354,7 @@ def test_dropout_mean_converges_to_the_golden(kernel, device, sizes):
                          derive=lambda p: p.replace(block_m=None, block_n=None),
                          related=lambda p: [p.replace(dropout=(0.0, p.dropout[1])),
                                             *(_seeded(p, p.dropout[1] + s) for s in range(1, SEEDS))])
-    run_property(kernel, prop, strategy, check, weight=0.25)
+    run_property(run, kernel, prop, strategy, check, weight=0.25)
 
 
 # --------------------------------------------------------------------- the kernel's own mask
@@ -374,7 +374,7 @@ def _mask_of(kernel: Kernel, p: Problem, prop: str, inp: KernelInputs) -> torch.
     return mask
 
 
-def test_dropout_mask_drops_a_fraction_p(kernel, device, sizes):
+def test_dropout_mask_drops_a_fraction_p(run, kernel, device, sizes):
     """The kernel's keep mask drops a fraction p of the visible entries, within the Bernstein
     bound ``b L / 3 + sqrt((b L / 3)^2 + 2 n p (1 - p) L)`` (``b = max(p, 1 - p)``,
     ``L = ln(2 / FALSE_ALARM)``) of ``n p``; none at p = 0."""
@@ -396,10 +396,10 @@ def test_dropout_mask_drops_a_fraction_p(kernel, device, sizes):
                 f"fn.dropout_mask drops {dropped} of {n} visible entries at dropout_p={rate}: expected "
                 f"{n * rate:.1f} +- {slack:.1f} (Bernstein at {FALSE_ALARM:g})"], judged=()))
 
-    run_property(kernel, prop, _problems(kernel, device, sizes, mode="dense"), check, weight=0.5)
+    run_property(run, kernel, prop, _problems(kernel, device, sizes, mode="dense"), check, weight=0.5)
 
 
-def test_dropout_matches_the_golden_with_the_kernels_mask(kernel, device, sizes):
+def test_dropout_matches_the_golden_with_the_kernels_mask(run, kernel, device, sizes):
     """o, lse (and gradients) within the tolerance model of the golden (and yardstick) computed
     with the keep mask the kernel returns for the call (``fn.dropout_mask``)."""
     _require(kernel, mask=True)
@@ -416,12 +416,12 @@ def test_dropout_matches_the_golden_with_the_kernels_mask(kernel, device, sizes)
         assert_close_to_golden(kernel, p, prop, out, names, refs)
 
     strategy = _problems(kernel, device, sizes, mode="dense", backward=backward)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 # ---------------------------------------------------------------------------------- gradcheck
 # (last: finite differences are the slowest check, and the exact ones above catch most first)
-def test_dropout_gradcheck(kernel, device, sizes):
+def test_dropout_gradcheck(run, kernel, device, sizes):
     """The backward is the gradient of the forward at the same seed: float64 finite differences
     of o (fast mode) with dropout_p and dropout_seed fixed, dense and varlen, on tiny problems."""
     _require(kernel, backward=True)
@@ -452,4 +452,4 @@ def test_dropout_gradcheck(kernel, device, sizes):
 
     strategy = _problems(kernel, device, _tiny(caps, sizes), backward=True, dtypes=(torch.float64,),
                          dropout_ps=POSITIVE)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)

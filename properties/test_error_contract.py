@@ -26,7 +26,7 @@ from flashprop.harness.variant_problems import (
 )
 
 
-def test_undeclared_problem_raises_clear_error_or_is_correct(kernel, device, sizes):
+def test_undeclared_problem_raises_clear_error_or_is_correct(run, kernel, device, sizes):
     def check(kernel, problem):
         try:
             out = run_kernel(kernel, problem, "error-contract", declared=False)
@@ -36,7 +36,7 @@ def test_undeclared_problem_raises_clear_error_or_is_correct(kernel, device, siz
         return None
 
     run_property(
-        kernel,
+        run, kernel,
         "error-contract",
         undeclared_problems(kernel.capabilities, device=device, sizes=sizes),
         check,
@@ -44,7 +44,7 @@ def test_undeclared_problem_raises_clear_error_or_is_correct(kernel, device, siz
     )
 
 
-def test_undeclared_variant_raises_clear_error_or_is_correct(kernel, device, sizes):
+def test_undeclared_variant_raises_clear_error_or_is_correct(run, kernel, device, sizes):
     """A variant the kernel does not declare (a window, softcap, ALiBi shape, sinks, a sequence
     length off its granularity, or the backward of a variant declared forward only) is refused
     with a clear error or answered correctly."""
@@ -63,7 +63,7 @@ def test_undeclared_variant_raises_clear_error_or_is_correct(kernel, device, siz
         return None
 
     run_property(
-        kernel,
+        run, kernel,
         "variant-error-contract",
         undeclared_variant_problems(caps, device=device, sizes=sizes),
         check,
@@ -72,7 +72,7 @@ def test_undeclared_variant_raises_clear_error_or_is_correct(kernel, device, siz
 
 
 @pytest.mark.parametrize("corruption", sorted(MALFORMED))
-def test_malformed_variant_inputs_raise_clear_error(kernel, device, sizes, corruption):
+def test_malformed_variant_inputs_raise_clear_error(run, kernel, device, sizes, corruption):
     """Malformed variant inputs (cu_seqlens, cache lengths, block tables, slopes, windows,
     softcaps, sinks) of a declared entry point raise ValueError, TypeError or
     NotImplementedError: never an answer, a NaN or a crash."""
@@ -94,4 +94,4 @@ def test_malformed_variant_inputs_raise_clear_error(kernel, device, sizes, corru
     two = corruption == "cu_seqlens not monotone"  # a second sequence to jump back to
     strategy = variant_problems(kernel.capabilities, variant, device=device, sizes=sizes,
                                 where=(lambda p: p.b >= 2) if two else None)
-    run_property(kernel, prop, strategy, check, weight=0.25)
+    run_property(run, kernel, prop, strategy, check, weight=0.25)

@@ -99,7 +99,7 @@ def _rescaled(p: Problem) -> tuple[KernelInputs, list[str]]:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_fp8_descale_equivariance(kernel, device, sizes, variant):
+def test_fp8_descale_equivariance(run, kernel, device, sizes, variant):
     """The values times 2^e and the descale times 2^-e, tensor by tensor: the same answer."""
     _require(kernel, variant)
     prop = "fp8-descale-equivariance"
@@ -111,7 +111,7 @@ def test_fp8_descale_equivariance(kernel, device, sizes, variant):
         what = "rescaled FP8 inputs against the problem's own: " + "; ".join(done)
         assert_agree(kernel, p, prop, what, pairs(a, b), _limits(kernel, p, base, moved))
 
-    run_property(kernel, prop, _strategy(kernel, variant, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _strategy(kernel, variant, device, sizes), check, weight=0.5)
 
 
 # ------------------------------------------------------------------------------ head groups
@@ -168,7 +168,7 @@ def _regrouped(p: Problem) -> tuple[KernelInputs, tuple[int | None, int], str]:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_fp8_head_independence(kernel, device, sizes, variant):
+def test_fp8_head_independence(run, kernel, device, sizes, variant):
     """New descales for one head group: the other groups' rows are unchanged, the group's own
     are the golden's for the new descales."""
     _require(kernel, variant)
@@ -194,7 +194,7 @@ def test_fp8_head_independence(kernel, device, sizes, variant):
         assert_close_to_golden(kernel, p, prop, b, ("o", "lse"), refs=references_on(kernel, p, moved))
 
     strategy = _strategy(kernel, variant, device, sizes, where=lambda p: _groups(p) >= 2)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 # ------------------------------------------------------------------------------ the cache
@@ -210,7 +210,7 @@ def _fits(p: Problem) -> bool:
     return all(bool(torch.isfinite(t.to(p.dtype)).all()) for t in (k, v))
 
 
-def test_fp8_cache_equals_the_dequantised_cache(kernel, device, sizes):
+def test_fp8_cache_equals_the_dequantised_cache(run, kernel, device, sizes):
     """Decode from an FP8 cache with ``k_scale``, ``v_scale`` gives what decode from the values it
     stands for (the cache dequantised, in q's dtype, no scales) gives."""
     _require(kernel, "fp8-cache")
@@ -229,4 +229,4 @@ def test_fp8_cache_equals_the_dequantised_cache(kernel, device, sizes):
 
     strategy = _strategy(kernel, "fp8-cache", device, sizes, where=_fits,
                          related=lambda p: [_dequantised_twin(p)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)

@@ -7,17 +7,17 @@ from flashprop.harness.check import assert_close_to_golden, run_kernel, run_prop
 from flashprop.harness.strategies import problems
 
 
-def test_forward_matches_golden(kernel, device, sizes):
+def test_forward_matches_golden(run, kernel, device, sizes):
     """o and lse of every declared problem agree with the float64 golden."""
 
     def check(kernel, problem):
         out = run_kernel(kernel, problem, "forward")
         assert_close_to_golden(kernel, problem, "forward", out, ("o", "lse"))
 
-    run_property(kernel, "forward", problems(kernel.capabilities, device=device, sizes=sizes), check)
+    run_property(run, kernel, "forward", problems(kernel.capabilities, device=device, sizes=sizes), check)
 
 
-def test_backward_matches_golden(kernel, device, sizes):
+def test_backward_matches_golden(run, kernel, device, sizes):
     """dq, dk, dv agree with the float64 golden backward (streamed, exact formula)."""
     if not kernel.capabilities.backward:
         pytest.skip(f"kernel {kernel.name} does not declare backward")
@@ -27,5 +27,5 @@ def test_backward_matches_golden(kernel, device, sizes):
         assert_close_to_golden(kernel, problem, "backward", out, ("o", "dq", "dk", "dv"))
 
     run_property(
-        kernel, "backward", problems(kernel.capabilities, device=device, sizes=sizes), check, weight=0.75
+        run, kernel, "backward", problems(kernel.capabilities, device=device, sizes=sizes), check, weight=0.75
     )

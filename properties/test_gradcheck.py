@@ -29,7 +29,7 @@ from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.check import PropertyFailure, failure, run_property
 from flashprop.harness.diagnosis import PREFIX
-from flashprop.harness.report import record
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes, problems
 
 F64 = torch.float64
@@ -107,12 +107,13 @@ def _double_backward_hint(kernel: Kernel, p: Problem) -> str:
     return once_differentiable_hint("the backward builds a graph but its derivatives are wrong")
 
 
-def test_gradcheck(kernel, device, sizes):
+def test_gradcheck(run, kernel, device, sizes):
     """Analytical gradients of o (the kernel's backward) equal float64 finite differences."""
     _require_float64_backward(kernel)
     caps = kernel.capabilities
     strategy = problems(caps, device=device, sizes=_tiny(caps, sizes), dtypes=(F64,))
-    run_property(kernel, "gradcheck", strategy, _checker("gradcheck", torch.autograd.gradcheck), weight=0.5)
+    run_property(run, kernel, "gradcheck", strategy, _checker("gradcheck", torch.autograd.gradcheck),
+                 weight=0.5)
 
 
 def _probe(caps: Capabilities, device: str) -> Problem | None:
@@ -124,7 +125,7 @@ def _probe(caps: Capabilities, device: str) -> Problem | None:
     return p if caps.unsupported_reason(p) is None else None
 
 
-def _double_backward_unsupported(kernel: Kernel, p: Problem) -> str | None:
+def _double_backward_unsupported(run: RunContext, kernel: Kernel, p: Problem) -> str | None:
     """Why the kernel's backward cannot be differentiated (``None`` when it can be). A probe that
     raises other than with a clean refusal is the property's failure on ``p``, tallied."""
     start, stage = time.perf_counter(), "the forward"
@@ -148,14 +149,14 @@ def _double_backward_unsupported(kernel: Kernel, p: Problem) -> str | None:
             details.append(once_differentiable_hint("its backward fails when autograd differentiates it"))
         message = failure(kernel, p, "gradgradcheck", details, backward=True,
                           error=f"the kernel raised {type(err).__name__}: {text}")
-        record(kernel.name, "gradgradcheck", "failed", time.perf_counter() - start, message)
+        run.tallies.record(kernel.name, "gradgradcheck", "failed", time.perf_counter() - start, message)
         raise PropertyFailure(message) from err
     if all(g is None for g in second):  # e.g. once_differentiable: a graph that leads nowhere
         return "its gradients are not connected to q, k, v or dO"
     return None
 
 
-def test_gradgradcheck(kernel, device, sizes):
+def test_gradgradcheck(run, kernel, device, sizes):
     """Where the backward is differentiable: second derivatives of o match finite differences
     of the kernel's own first derivatives (N <= 5, D <= 4: a double backward is costly)."""
     _require_float64_backward(kernel)
@@ -163,9 +164,9 @@ def test_gradgradcheck(kernel, device, sizes):
     probe = _probe(caps, device)
     if probe is None:
         pytest.skip(f"kernel {kernel.name} declares no tiny float64 problem to probe double backward on")
-    reason = _double_backward_unsupported(kernel, probe)
+    reason = _double_backward_unsupported(run, kernel, probe)
     if reason is not None:
         pytest.skip(f"backward is not differentiable (kernel does not support double backward): {reason}")
     strategy = problems(caps, device=device, sizes=_tiny(caps, sizes, n=5, d=4), dtypes=(F64,))
-    run_property(kernel, "gradgradcheck", strategy, _checker("gradgradcheck", torch.autograd.gradgradcheck),
-                 weight=0.25)
+    run_property(run, kernel, "gradgradcheck", strategy,
+                 _checker("gradgradcheck", torch.autograd.gradgradcheck), weight=0.25)

@@ -39,6 +39,7 @@ from flashprop.harness.check import (
     run_kernel,
     run_property,
 )
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.scale_problems import (
     AXES,
     ROW_BLOCK_ALIGN,
@@ -261,14 +262,14 @@ def huge_skip_reason(kernel: Kernel, device: str, axis: str) -> str | None:
 
 
 @pytest.mark.parametrize("axis", AXES)
-def test_huge_independence(kernel: Kernel, device: str, axis: str):
+def test_huge_independence(run: RunContext, kernel: Kernel, device: str, axis: str):
     """Along ``axis``, the units holding element 2^31 of a tensor, and the last unit, equal the
     same problems run alone (forward, lse, gradients)."""
     caps = kernel.capabilities
     if reason := huge_skip_reason(kernel, device, axis):
         pytest.skip(reason)
     strategy = huge_problems(caps, axis, device=device, budget=_huge_budget(device))
-    run_property(kernel, f"huge-{axis}", strategy, huge_check(f"huge-{axis}"), weight=HUGE_WEIGHT)
+    run_property(run, kernel, f"huge-{axis}", strategy, huge_check(f"huge-{axis}"), weight=HUGE_WEIGHT)
 
 
 def _spread_max_bytes(device: str) -> int:
@@ -318,7 +319,7 @@ def spread_check(prop: str, *, declared: bool = True):
 
 
 @pytest.mark.parametrize("layout", sorted(SPREAD_LAYOUTS))
-def test_spread_layouts(kernel: Kernel, device: str, layout: str):
+def test_spread_layouts(run: RunContext, kernel: Kernel, device: str, layout: str):
     """Views whose last slice lies past element 2^31 of their allocation: o, lse and gradients
     agree with the golden of the same values laid out densely."""
     caps = kernel.capabilities
@@ -327,10 +328,10 @@ def test_spread_layouts(kernel: Kernel, device: str, layout: str):
     if reason := _int32_refusal(kernel, "such views"):
         pytest.skip(reason)
     strategy = spread_problems(caps, layout, device=device, max_bytes=_spread_max_bytes(device))
-    run_property(kernel, layout, strategy, spread_check(layout), weight=SPREAD_WEIGHT)
+    run_property(run, kernel, layout, strategy, spread_check(layout), weight=SPREAD_WEIGHT)
 
 
-def test_scale_error_contract(kernel: Kernel, device: str):
+def test_scale_error_contract(run: RunContext, kernel: Kernel, device: str):
     """A kernel that declares ``max_elements`` refuses (ValueError, TypeError,
     NotImplementedError) views that span more, and on a GPU dense problems that hold more, or
     answers them correctly."""
@@ -351,4 +352,4 @@ def test_scale_error_contract(kernel: Kernel, device: str):
     def check(kernel: Kernel, p: Problem) -> str | None:
         return (spread_once if p.layout in SPREAD_LAYOUTS else huge_once)(kernel, p)
 
-    run_property(kernel, prop, st.one_of(*strategies), check, weight=SPREAD_WEIGHT)
+    run_property(run, kernel, prop, st.one_of(*strategies), check, weight=SPREAD_WEIGHT)

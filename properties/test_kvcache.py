@@ -46,7 +46,7 @@ def _other_layout(kernel: Kernel, p: Problem) -> Problem:
     return next((o for o in others if kernel.capabilities.unsupported_reason(o) is None), others[0])
 
 
-def test_paged_equals_contiguous(kernel, device, sizes):
+def test_paged_equals_contiguous(run, kernel, device, sizes):
     """A paged cache behind a shuffled block table gives what the same keys give contiguously
     (or in another declared page size)."""
     caps = kernel.capabilities
@@ -67,10 +67,10 @@ def test_paged_equals_contiguous(kernel, device, sizes):
     strategy = variant_problems(caps, "paged", device=device, sizes=sizes,
                                 where=lambda p: bool(_other_layouts(kernel, p)),
                                 related=lambda p: [_other_layout(kernel, p)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_decode_consistency(kernel, device, sizes):
+def test_decode_consistency(run, kernel, device, sizes):
     """Decoding the last Nq queries of a sequence against its cache (causal) equals the last Nq
     rows of the causal prefill of the whole sequence through the dense entry point."""
     caps = kernel.capabilities
@@ -119,7 +119,7 @@ def test_decode_consistency(kernel, device, sizes):
 
     strategy = variant_problems(caps, "kvcache", device=device, sizes=sizes, causal=True,
                                 where=lambda p: bool(_prefills(p)), related=lambda p: _prefills(p).values())
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 def _prefills(p: Problem) -> dict[int, Problem]:
@@ -129,7 +129,7 @@ def _prefills(p: Problem) -> dict[int, Problem]:
             for b, length in enumerate(p.cache) if length >= p.nq}
 
 
-def test_split_kv_invariance(kernel, device, sizes):
+def test_split_kv_invariance(run, kernel, device, sizes):
     """Every ``num_splits`` gives what ``num_splits=1`` gives, including more splits than key
     blocks (splits that see no key: lse -inf, and the combine must not make NaN)."""
     caps = kernel.capabilities
@@ -156,4 +156,4 @@ def test_split_kv_invariance(kernel, device, sizes):
         derive=lambda p: p.replace(num_splits=caps.kvcache.max_splits) if p.seed % 2 else p,
         related=lambda p: [p.replace(num_splits=1)],
     )
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)

@@ -22,7 +22,7 @@ LONG_HEAD_DIMS = (64, 128)
 LONG_LAYOUTS = ("contiguous", "transposed")
 
 
-def test_long_sequences(kernel, device, sizes):
+def test_long_sequences(run, kernel, device, sizes):
     """o, lse (and dq, dk, dv when declared) agree with the golden for Nq, Nk in sizes.long_n."""
     caps = kernel.capabilities
     lo, hi = sizes.long_n
@@ -42,4 +42,4 @@ def test_long_sequences(kernel, device, sizes):
                         default_tiles=True, layouts=layouts)
     # few examples: each new head-dim / dtype / causal combination autotunes a kernel like
     # `triton` (about 24 compilations, a minute) before it runs
-    run_property(kernel, "long-sequences", strategy, check, weight=0.05)
+    run_property(run, kernel, "long-sequences", strategy, check, weight=0.05)

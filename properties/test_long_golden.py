@@ -26,6 +26,7 @@ from flashprop.contract.problem import DTYPE_NAMES, Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.check import PropertyFailure, failure, run_kernel, run_property
 from flashprop.harness.long_references import golden_chunk, golden_on_device, judge_long, yardstick_rows
+from flashprop.harness.run_context import RunContext
 from flashprop.harness.scale_problems import exclusive_device
 from flashprop.harness.strategies import Sizes, problems
 from flashprop.harness.symptoms import Symptom
@@ -140,7 +141,7 @@ def far_end(caps: Capabilities, device: str) -> list[Problem]:
     return ladder
 
 
-def test_long_sequences_golden(kernel: Kernel, device: str, capsys: pytest.CaptureFixture):
+def test_long_sequences_golden(run: RunContext, kernel: Kernel, device: str, capsys: pytest.CaptureFixture):
     """o, lse, dq (and dk, dv where the yardstick fits whole) agree with the float64 golden
     within the tolerance model for Nq, Nk drawn from the device's long range."""
     caps = kernel.capabilities
@@ -171,7 +172,7 @@ def test_long_sequences_golden(kernel: Kernel, device: str, capsys: pytest.Captu
                         default_tiles=True, layouts=("contiguous", "transposed"))
     try:
         # few examples: each is a float64 attention at up to 128k (seconds on the H200)
-        run_property(kernel, PROP, strategy, check, weight=0.03, explicit=far_end(caps, device))
+        run_property(run, kernel, PROP, strategy, check, weight=0.03, explicit=far_end(caps, device))
     finally:
         if any(r["kernel"] == kernel.name for r in GROWTH):
             with capsys.disabled():

@@ -31,7 +31,7 @@ def _shifted(kernel: Kernel, p: Problem) -> Problem:
     return p.replace(d=p.d + 1, dv=p.dv + pad_v, scale=p.effective_scale)
 
 
-def test_shift_invariance(kernel, device, sizes):
+def test_shift_invariance(run, kernel, device, sizes):
     """Appending a column c to q and a column of ones to k, with the explicit scale s of the
     original problem, adds s*c to every logit:  o' = o  and  lse' = lse + s*c.
 
@@ -65,10 +65,10 @@ def test_shift_invariance(kernel, device, sizes):
         assert_agree(kernel, p, prop, what, compared, limits)
 
     strategy = problems(caps, device=device, sizes=sizes, related=lambda p: [_shifted(kernel, p)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_key_permutation_invariance(kernel, device, sizes):
+def test_key_permutation_invariance(run, kernel, device, sizes):
     """Without a mask, attention is a function of the set of (key, value) pairs: permuting the
     keys and values jointly (one permutation on the N axis) leaves o and lse unchanged."""
     prop = "kv-permutation"
@@ -83,11 +83,11 @@ def test_key_permutation_invariance(kernel, device, sizes):
                        budgets(p.dtype, references_on(kernel, p, (q, kp, vp))))
         assert_agree(kernel, p, prop, f"keys/values permuted by {perm.tolist()}", pairs(a, b), limits)
 
-    run_property(kernel, prop, problems(kernel.capabilities, device=device, sizes=sizes, causal=False), check,
-                 weight=0.5)
+    run_property(run, kernel, prop, problems(kernel.capabilities, device=device, sizes=sizes, causal=False),
+                 check, weight=0.5)
 
 
-def test_batch_independence(kernel, device, sizes):
+def test_batch_independence(run, kernel, device, sizes):
     """Batch elements are independent problems: o[i], lse[i] of the batch equal the outputs of
     running element i alone (the same views, so the layout is kept)."""
     if sizes.max_batch < 2:
@@ -106,10 +106,10 @@ def test_batch_independence(kernel, device, sizes):
 
     strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.b >= 2,
                         related=lambda p: [p.replace(b=1)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_head_independence(kernel, device, sizes):
+def test_head_independence(run, kernel, device, sizes):
     """Each kv head and its query-head group form an independent problem: running kv head j
     with query heads j*g .. (j+1)*g - 1 alone gives those heads' o and lse of the full run."""
     if sizes.max_kv_heads < 2:
@@ -131,7 +131,7 @@ def test_head_independence(kernel, device, sizes):
 
     strategy = problems(kernel.capabilities, device=device, sizes=sizes, where=lambda p: p.hkv >= 2,
                         related=lambda p: [_one_kv_head(p)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 def _one_kv_head(p: Problem) -> Problem:
@@ -146,7 +146,7 @@ def _future_rows(kernel: Kernel, p: Problem) -> tuple[int, int]:
     return r, max(0, r + offset)
 
 
-def test_causal_future_independence(kernel, device, sizes):
+def test_causal_future_independence(run, kernel, device, sizes):
     """Causal: rows 0..r-1 see only keys j <= r-1 + offset (offset = Nk - Nq bottom-right, 0
     top-left). Overwriting every later key and value with large finite values must not change
     o or lse of those rows. Later key r' + t is set to 4 q_(t mod r) (of the group's first query
@@ -175,10 +175,10 @@ def test_causal_future_independence(kernel, device, sizes):
         return p.nk - causal_offset(p.nq, p.nk, caps.causal_alignment) - 1 >= 1
 
     strategy = problems(caps, device=device, sizes=sizes, causal=True, where=has_future)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_scale_folding(kernel, device, sizes):
+def test_scale_folding(run, kernel, device, sizes):
     """softmax(s * (2q) k^T) = softmax((2s) * q k^T): kernel(2q, k, v, scale=s) equals
     kernel(q, k, v, scale=2s). The factor is a power of two, so 2q and 2s are exact and the
     yardstick gives bitwise-equal references for both runs (one budget, counted twice)."""
@@ -198,10 +198,10 @@ def test_scale_folding(kernel, device, sizes):
 
     strategy = problems(caps, device=device, sizes=sizes, related=lambda p: [
         p.replace(scale=p.effective_scale), p.replace(scale=2 * p.effective_scale)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_gqa_consistency(kernel, device, sizes):
+def test_gqa_consistency(run, kernel, device, sizes):
     """GQA reads kv head h // g for query head h: the kernel on (q, k, v) equals the kernel on
     k and v repeated to Hq heads (``repeat_interleave(g, dim=1)``). The goldens are identical."""
     caps = kernel.capabilities
@@ -222,5 +222,5 @@ def test_gqa_consistency(kernel, device, sizes):
 
     strategy = problems(caps, device=device, sizes=sizes, where=lambda p: p.hq > p.hkv,
                         related=lambda p: [p.replace(hkv=p.hq)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 

@@ -170,7 +170,7 @@ def _split(p: Problem) -> int:
     return 1 + p.seed % (p.nk - 1)
 
 
-def test_split_kv_merge_equals_full(kernel, device, sizes):
+def test_split_kv_merge_equals_full(run, kernel, device, sizes):
     """Non-causal: kernel(q, k[:s], v[:s]) and kernel(q, k[s:], v[s:]) merged by lse
     (merge_partials, in float64) equal kernel(q, k, v).
 
@@ -206,4 +206,4 @@ def test_split_kv_merge_equals_full(kernel, device, sizes):
 
     strategy = problems(caps, device=device, sizes=sizes, causal=False, where=lambda p: p.nk >= 2,
                         related=lambda p: [p.replace(nk=n) for n in (_split(p), p.nk - _split(p))])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)

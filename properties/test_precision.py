@@ -189,27 +189,27 @@ def _require_low_precision(kernel: Kernel) -> None:
         pytest.skip(f"kernel {kernel.name} declares no 16-bit dtype")
 
 
-def test_low_precision_inputs_accumulate_in_fp32(kernel, device):
+def test_low_precision_inputs_accumulate_in_fp32(run, kernel, device):
     """fp16/bf16 inputs: mean output and lse errors near a float32 computation's."""
     _require_low_precision(kernel)
-    run_property(kernel, "precision", long_key_problems(kernel.capabilities, device=device),
+    run_property(run, kernel, "precision", long_key_problems(kernel.capabilities, device=device),
                  _checker("precision"), weight=0.5)
 
 
-def test_softcap_in_fp32(kernel, device, sizes):
+def test_softcap_in_fp32(run, kernel, device, sizes):
     """fp16/bf16 softcap problems: the capped logits are not rounded to the input dtype."""
     _require_low_precision(kernel)
     if not kernel.capabilities.declares_variant("softcap"):
         pytest.skip(f"kernel {kernel.name} does not declare softcap")
     strategy = softcap_problems(kernel.capabilities, device=device, sizes=sizes)
-    run_property(kernel, "softcap-precision", strategy, _checker("softcap-precision"), weight=0.5)
+    run_property(run, kernel, "softcap-precision", strategy, _checker("softcap-precision"), weight=0.5)
 
 
-def test_decode_in_fp32(kernel, device):
+def test_decode_in_fp32(run, kernel, device):
     """fp16/bf16 KV-cache decode: split-KV partial outputs and lse, and the returned lse, are
     not rounded to the input dtype."""
     _require_low_precision(kernel)
     if not kernel.capabilities.declares_variant("kvcache"):
         pytest.skip(f"kernel {kernel.name} does not declare a KV-cache entry point")
-    run_property(kernel, "decode-precision", decode_problems(kernel.capabilities, device=device),
+    run_property(run, kernel, "decode-precision", decode_problems(kernel.capabilities, device=device),
                  _checker("decode-precision", cancelling=True), weight=0.5)

@@ -64,7 +64,7 @@ def _nan_free(out: Outputs) -> list[str]:
 # --------------------------------------------------------------------------- empty rows
 
 
-def test_empty_rows(kernel, device, sizes):
+def test_empty_rows(run, kernel, device, sizes):
     """Bottom-right causal with Nq > Nk: rows i < Nq - Nk see no key. There o == 0 and dq == 0
     exactly and lse == -inf; nothing is NaN; the rest agrees with the golden."""
     caps = kernel.capabilities
@@ -92,7 +92,7 @@ def test_empty_rows(kernel, device, sizes):
 
     strategy = problems(caps, device=device, sizes=sizes, causal=True, unequal=True,
                         derive=lambda p: p.replace(nq=max(p.nq, p.nk), nk=min(p.nq, p.nk)))
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 # --------------------------------------------------------------------------- N = 1
@@ -105,17 +105,17 @@ def _single_token(draw, caps: Capabilities, device: str, sizes: Sizes) -> Proble
     return declared(caps, p.replace(nq=p.nq if side == "k" else 1, nk=p.nk if side == "q" else 1))
 
 
-def test_single_token(kernel, device, sizes):
+def test_single_token(run, kernel, device, sizes):
     """Nq = 1, Nk = 1 or both: o, lse (and gradients) agree with the golden."""
     prop = "single-token"
-    run_property(kernel, prop, _single_token(kernel.capabilities, device, sizes), _golden_check(prop),
+    run_property(run, kernel, prop, _single_token(kernel.capabilities, device, sizes), _golden_check(prop),
                  weight=0.5)
 
 
 # --------------------------------------------------------------------------- extreme logits
 
 
-def test_extreme_logits(kernel, device, sizes):
+def test_extreme_logits(run, kernel, device, sizes):
     """Logits of order +-100 ("large"), all very negative ("negative"), or every logit of a row
     above +88 or below -88 ("overflow", "underflow"): o is finite everywhere
     (exp overflows or every term underflows unless the row max is subtracted), and o and lse
@@ -132,7 +132,7 @@ def test_extreme_logits(kernel, device, sizes):
         assert_close_to_golden(kernel, p, prop, out, ("o", "lse"))
 
     strategy = problems(kernel.capabilities, device=device, sizes=sizes, dists=EXTREME_DISTRIBUTIONS)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 # --------------------------------------------------------------------------- NaN-poisoned views
@@ -143,7 +143,7 @@ def _tile_tails(p: Problem) -> bool:
     return p.nq % (p.block_m or COMMON_TILE) != 0 and p.nk % (p.block_n or COMMON_TILE) != 0
 
 
-def test_poisoned_views(kernel, device, sizes):
+def test_poisoned_views(run, kernel, device, sizes):
     """Views into NaN-filled buffers ("sliced": NaN around every dimension, "strided": NaN
     between head-dim elements) with partial tiles at both ends: a read outside the view (a
     tile tail, a wrong stride) picks up NaN, so o, lse (and gradients) must match the golden."""
@@ -152,7 +152,7 @@ def test_poisoned_views(kernel, device, sizes):
         pytest.skip(f"kernel {kernel.name} does not declare strided inputs")
     prop = "poisoned-views"
     strategy = problems(caps, device=device, sizes=sizes, layouts=("sliced", "strided"), where=_tile_tails)
-    run_property(kernel, prop, strategy, _golden_check(prop), weight=0.5)
+    run_property(run, kernel, prop, strategy, _golden_check(prop), weight=0.5)
 
 
 # --------------------------------------------------------------------------- odd head dims
@@ -171,11 +171,11 @@ def _odd_head_dim(draw, caps: Capabilities, device: str, sizes: Sizes, dims: lis
     return declared(caps, p)
 
 
-def test_odd_head_dims(kernel, device, sizes):
+def test_odd_head_dims(run, kernel, device, sizes):
     """D in {1, 40, 72, 80, 96, 200} (those declared): o, lse (and gradients) match the golden."""
     caps = kernel.capabilities
     dims = [d for d in ODD_HEAD_DIMS if d in caps.head_dims and d <= sizes.max_head_dim]
     if not dims:
         pytest.skip(f"kernel {kernel.name} declares none of the head dims {ODD_HEAD_DIMS}")
     prop = "odd-head-dims"
-    run_property(kernel, prop, _odd_head_dim(caps, device, sizes, dims), _golden_check(prop), weight=0.5)
+    run_property(run, kernel, prop, _odd_head_dim(caps, device, sizes, dims), _golden_check(prop), weight=0.5)

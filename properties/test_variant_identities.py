@@ -75,7 +75,7 @@ def _wide_window(p: Problem) -> Problem:
     return p.replace(window=(wide, wide if p.seed % 2 else -1))
 
 
-def test_window_wider_than_sequence(kernel, device, sizes):
+def test_window_wider_than_sequence(run, kernel, device, sizes):
     """``window_size`` of at least Nq + Nk on both sides (or (-1, -1)) equals no window."""
     _require(kernel, "window")
     prop = "window-wide"
@@ -84,11 +84,12 @@ def test_window_wider_than_sequence(kernel, device, sizes):
         _compare_runs(kernel, p, _no_window(p), prop, f"window {p.window} against none")
 
     run_property(
-        kernel, prop, _strategy(kernel, device, sizes, "window", _wide_window, _no_window), check, weight=0.5
+        run, kernel, prop, _strategy(kernel, device, sizes, "window", _wide_window, _no_window), check,
+        weight=0.5,
     )
 
 
-def test_window_left_unbounded_right_zero_is_causal(kernel, device, sizes):
+def test_window_left_unbounded_right_zero_is_causal(run, kernel, device, sizes):
     """``window_size=(-1, 0)`` without causal equals ``causal=True`` without a window."""
     _require(kernel, "window")
     if not kernel.capabilities.causal:
@@ -103,10 +104,10 @@ def test_window_left_unbounded_right_zero_is_causal(kernel, device, sizes):
 
     strategy = _strategy(kernel, device, sizes, "window", lambda p: p.replace(window=(-1, 0), causal=False),
                          causal)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_huge_softcap_is_no_softcap(kernel, device, sizes):
+def test_huge_softcap_is_no_softcap(run, kernel, device, sizes):
     """A softcap of 1e8 equals no softcap, up to the exact (golden) difference."""
     _require(kernel, "softcap")
     prop = "softcap-huge"
@@ -118,10 +119,10 @@ def test_huge_softcap_is_no_softcap(kernel, device, sizes):
         _compare_runs(kernel, p, plain(p), prop, f"softcap {HUGE_SOFTCAP:g} against none", exact_gap=True)
 
     strategy = _strategy(kernel, device, sizes, "softcap", lambda p: p.replace(softcap=HUGE_SOFTCAP), plain)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_zero_alibi_slopes_are_no_alibi(kernel, device, sizes):
+def test_zero_alibi_slopes_are_no_alibi(run, kernel, device, sizes):
     """ALiBi slopes of 0 equal no ALiBi."""
     _require(kernel, "alibi")
     prop = "alibi-zero"
@@ -133,7 +134,7 @@ def test_zero_alibi_slopes_are_no_alibi(kernel, device, sizes):
         _compare_runs(kernel, p, plain(p), prop, "zero slopes against no ALiBi")
 
     strategy = _strategy(kernel, device, sizes, "alibi", lambda p: p.replace(alibi=(p.alibi[0], 0.0)), plain)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 def _no_sinks(p: Problem) -> Problem:
@@ -145,7 +146,7 @@ def _sinks_strategy(kernel: Kernel, device: str, sizes: Sizes) -> st.SearchStrat
     return _strategy(kernel, device, sizes, "sinks", lambda p: p, _no_sinks)
 
 
-def test_sinks_at_minus_infinity_are_no_sinks(kernel, device, sizes):
+def test_sinks_at_minus_infinity_are_no_sinks(run, kernel, device, sizes):
     """Sink logits of -inf contribute exp(-inf) = 0: the same as no sinks."""
     _require(kernel, "sinks")
     prop = "sinks-neg-inf"
@@ -157,10 +158,10 @@ def test_sinks_at_minus_infinity_are_no_sinks(kernel, device, sizes):
         limits = total(*[budgets(p.dtype, references_on(kernel, _no_sinks(p)))] * 2)
         assert_agree(kernel, p, prop, "sinks at -inf against none", _pairs(a, b), limits)
 
-    run_property(kernel, prop, _sinks_strategy(kernel, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _sinks_strategy(kernel, device, sizes), check, weight=0.5)
 
 
-def test_sinks_shift_lse_by_logaddexp(kernel, device, sizes):
+def test_sinks_shift_lse_by_logaddexp(run, kernel, device, sizes):
     """With sinks z_h: lse = logaddexp(lse_without, z_h) and o = o_without * exp(lse_without - lse)."""
     _require(kernel, "sinks")
     if not kernel.capabilities.returns_lse:
@@ -188,4 +189,4 @@ def test_sinks_shift_lse_by_logaddexp(kernel, device, sizes):
             kernel, p, prop, "o and lse with sinks derived from the run without", _pairs(a, derived), limits
         )
 
-    run_property(kernel, prop, _sinks_strategy(kernel, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _sinks_strategy(kernel, device, sizes), check, weight=0.5)

@@ -23,7 +23,7 @@ def _require(kernel, variant: str) -> None:
 
 
 @pytest.mark.parametrize("variant", JUDGED)
-def test_variant_forward_matches_golden(kernel, device, sizes, variant):
+def test_variant_forward_matches_golden(run, kernel, device, sizes, variant):
     """o and lse of declared problems using ``variant`` agree with the float64 golden."""
     _require(kernel, variant)
     prop = f"{variant}-forward"
@@ -33,11 +33,11 @@ def test_variant_forward_matches_golden(kernel, device, sizes, variant):
         assert_close_to_golden(kernel, problem, prop, out, ("o", "lse"))
 
     strategy = variant_problems(kernel.capabilities, variant, device=device, sizes=sizes)
-    run_property(kernel, prop, strategy, check)
+    run_property(run, kernel, prop, strategy, check)
 
 
 @pytest.mark.parametrize("variant", [name for name in JUDGED if name in BACKWARD])
-def test_variant_backward_matches_golden(kernel, device, sizes, variant):
+def test_variant_backward_matches_golden(run, kernel, device, sizes, variant):
     """dq, dk, dv (and dsinks) of declared problems using ``variant`` agree with the golden."""
     _require(kernel, variant)
     caps = kernel.capabilities
@@ -50,4 +50,4 @@ def test_variant_backward_matches_golden(kernel, device, sizes, variant):
         assert_close_to_golden(kernel, problem, prop, out, ("o", *gradient_names(problem)))
 
     strategy = variant_problems(caps, variant, device=device, sizes=sizes, backward=True)
-    run_property(kernel, prop, strategy, check, weight=0.75)
+    run_property(run, kernel, prop, strategy, check, weight=0.75)

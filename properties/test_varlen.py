@@ -42,7 +42,7 @@ def _limits(p: Problem, refs: tuple[Outputs, Outputs], sq: slice) -> dict[str, f
     return total(*[budgets(p.dtype, part)] * 2)
 
 
-def test_varlen_sequence_alone(kernel, device, sizes):
+def test_varlen_sequence_alone(run, kernel, device, sizes):
     """Sequence s of the pack equals the dense entry point on (q_s, k_s, v_s) as (1, H, N, D)."""
     _require_varlen(kernel)
     caps = kernel.capabilities
@@ -69,7 +69,7 @@ def test_varlen_sequence_alone(kernel, device, sizes):
 
     strategy = variant_problems(caps, "varlen", device=device, sizes=sizes,
                                 related=lambda p: _alone(p).values())
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
 def _alone(p: Problem) -> dict[int, Problem]:
@@ -112,7 +112,7 @@ def _permuted(inp: KernelInputs, order: list[int]) -> tuple[KernelInputs, list[s
     return KernelInputs((new_q, new_k, new_v, cu(lengths_q), cu(lengths_k), mq, mk), kw, {}), where
 
 
-def test_varlen_permutation(kernel, device, sizes):
+def test_varlen_permutation(run, kernel, device, sizes):
     """Permuting the sequences of a pack permutes the rows of o and lse."""
     _require_varlen(kernel)
     prop = "varlen-permutation"
@@ -132,10 +132,10 @@ def test_varlen_permutation(kernel, device, sizes):
 
     strategy = variant_problems(kernel.capabilities, "varlen", device=device, sizes=sizes,
                                 where=lambda p: p.b >= 2, related=lambda p: [_repacked(p)])
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
-def test_varlen_isolation(kernel, device, sizes):
+def test_varlen_isolation(run, kernel, device, sizes):
     """Sequence 0's rows and gradients do not depend on the other sequences' tokens: replacing
     every other token of q, k and v by 8x larger fresh values changes none of them."""
     _require_varlen(kernel)
@@ -176,4 +176,4 @@ def test_varlen_isolation(kernel, device, sizes):
 
     strategy = variant_problems(caps, "varlen", device=device, sizes=sizes, backward=backward,
                                 where=lambda p: p.b >= 2 and p.seqlens[0][0] > 0)
-    run_property(kernel, prop, strategy, check, weight=0.5)
+    run_property(run, kernel, prop, strategy, check, weight=0.5)
