@@ -36,7 +36,6 @@ import torch
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness import compile_locks
-from flashprop.harness.compile_locks import STATS
 from flashprop.harness.scale_problems import undeclared_reason
 
 from .conftest import BenchState, bench_device, kernel_names, reported_launch
@@ -126,11 +125,12 @@ def test_first_call(step: tuple[str, Shape], benchmark, bench_state: BenchState,
                 make_call(kern, earlier)()
                 done.append(earlier.label)
         call = make_call(kern, shape)
-        keys, compiled = tuned_keys(kern), (STATS.compile_seconds, STATS.variants)
+        stats = compile_locks.stats()
+        keys, compiled = tuned_keys(kern), (stats.compile_seconds, stats.variants)
         first = first_seconds(call)
         added = None if keys is None else tuned_keys(kern) - keys
-        compile_s = STATS.compile_seconds - compiled[0] if compile_locks.installed() else None
-        variants = STATS.variants - compiled[1] if compile_locks.installed() else None
+        compile_s = stats.compile_seconds - compiled[0] if compile_locks.installed() else None
+        variants = stats.variants - compiled[1] if compile_locks.installed() else None
         done.append(shape.label)
         warm = warm_up(call, "cuda", bench_state.setup)
     except (ValueError, TypeError, NotImplementedError) as err:

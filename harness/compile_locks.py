@@ -161,13 +161,6 @@ def stats() -> CompileStats:
     return CompileStats() if locks is None else locks.stats
 
 
-def __getattr__(name: str) -> CompileStats:
-    """``STATS``: :func:`stats` when it is read (``benchmarks/bench_first_call.py`` imports it)."""
-    if name == "STATS":
-        return stats()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def install_from_environment() -> None:
     """``install`` when ``FLASHPROP_TRITON_COMPILE_LOCKS`` names a directory (not under the
     interpreter, which compiles nothing)."""
