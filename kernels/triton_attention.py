@@ -30,6 +30,7 @@ import torch
 import triton
 from flashprop.contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache, Limit
 from flashprop.contract.fp8 import DESCALE_SHAPES, FORMATS, FP8_DTYPES, OUTPUT_DTYPE
+from flashprop.contract.problem import Problem
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
     Descales,
@@ -543,6 +544,26 @@ _VARIANTS = {"window": True, "softcap": True, "alibi": ALIBI_SHAPES, "sinks": Tr
              "variant_backward": frozenset({"window", "softcap", "alibi", "sinks", "varlen", "dropout"})}
 
 
+#: FP8 problems whose logits may pass this (the Cauchy-Schwarz bound ``Problem.logit_bounds``) are
+#: declared a known wrong answer on a GPU: :data:`_FP8_ACCUMULATION_REASON`.
+_FP8_LOGIT_LIMIT: float = 64.0
+_FP8_ACCUMULATION_REASON = (
+    f"FP8 inputs whose logits may exceed {_FP8_LOGIT_LIMIT:g} in magnitude, on a GPU: Hopper's FP8 "
+    "tensor cores accumulate Q K^T with about 14 bits (DeepSeek-V3 report, sec. 3.3.2), so a logit "
+    "near 1600 is off by about 1 (the H200, 2026-12-01: fp8-forward, Problem(b=1, hq=3, hkv=3, nq=114, "
+    "nk=139, d=231, dv=231, causal=True, scale=1.0, layout='transposed', dist='underflow', "
+    "fp8=('e4m3', 'batch-head', 'saturated')): o off by 0.31, 11x the fp32-accumulating yardstick's "
+    "error, lse by 1.17 at -1607); promoting the partial sums to fp32 (DeepGEMM's two-level "
+    "accumulation) would fix it and is not done; the interpreter sums in fp32"
+)
+
+
+def _fp8_far_logits(p: Problem) -> bool:
+    """Whether ``p`` has FP8 inputs on a GPU and a logit bound above :data:`_FP8_LOGIT_LIMIT`."""
+    return p.device == "cuda" and p.fp8 is not None and p.mode != "kvcache" and \
+        float(p.logit_bounds().max()) > _FP8_LOGIT_LIMIT
+
+
 def _capabilities() -> Capabilities:
     """What ``attention`` declares, chosen at import: under the interpreter CPU tensors in fp16,
     fp32, fp64; compiled, CUDA tensors in all four dtypes; neither (no GPU, no interpreter):
@@ -566,10 +587,11 @@ def _capabilities() -> Capabilities:
         reason=f"batch * heads above {_MAX_GRID_Y}: CUDA's grid y dimension carries them",
         applies=lambda p: p.device == "cuda" and p.b * p.hq > _MAX_GRID_Y,
     )
+    fp8_far_logits = Limit(reason=_FP8_ACCUMULATION_REASON, applies=_fp8_far_logits, raises=False)
     devices = frozenset({"cuda"}) if torch.cuda.is_available() else frozenset()
     return Capabilities(dtypes=frozenset(_ALL_DTYPES), devices=devices, block_m=TILE_SIZES,
                         block_n=TILE_SIZES, fp32_matmul="ieee",
-                        limits=(bf16_on_cpu, tiles_too_big, grid_y), **_VARIANTS)
+                        limits=(bf16_on_cpu, tiles_too_big, grid_y, fp8_far_logits), **_VARIANTS)
 
 
 attention.capabilities = _capabilities()
