@@ -141,9 +141,10 @@ NATURAL = Order()
 
 
 @dataclass(frozen=True)
-class Variants:
-    """The score and mask modifiers of one call (``docs/variants.md``), as the tile loops read
-    them, and the loops' summation order.
+class _Mods:
+    """The score and mask modifiers of one call (``docs/variants.md``) as the tile loops read
+    them, derived from the checked keywords (``contract.validate.Variants``: the one record of
+    what a call asked for), and the loops' summation order.
 
     Attributes:
         window: ``(left, right)``; -1 leaves that side unbounded, ``(-1, -1)`` is no window.
@@ -214,7 +215,7 @@ def _scores(
     causal: bool,
     offset: int,
     nk: int,
-    var: Variants,
+    var: _Mods,
     h: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits of one tile of query head ``h``: scaled, soft-capped, ALiBi-biased, then masked
@@ -240,7 +241,7 @@ def _scores(
     return s.masked_fill(~visible, NEG_INF), dcap
 
 
-def _dropout(var: Variants, b: int, h: int, rows: torch.Tensor, cols: torch.Tensor,
+def _dropout(var: _Mods, b: int, h: int, rows: torch.Tensor, cols: torch.Tensor,
              dtype: torch.dtype) -> torch.Tensor | None:
     """The dropout's ``Z = M / (1 - p)`` of one tile (b, rows, cols) of query head ``h``, in
     ``dtype``; ``None`` without dropout. The forward and the backward both call it."""
@@ -258,7 +259,7 @@ def _forward(
     scale: float,
     block_m: int,
     block_n: int,
-    var: Variants,
+    var: _Mods,
     keys: tuple[int, int] | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -322,7 +323,7 @@ def _backward(
     scale: float,
     block_m: int,
     block_n: int,
-    var: Variants,
+    var: _Mods,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(dq, dk, dv, dsinks)`` (``dsinks`` is ``None`` without sinks)."""
     _, hq, nq, _ = q.shape
@@ -371,7 +372,7 @@ class _BlockedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes, order,
                 dropout, descale):
-        var = Variants(window, softcap, slopes, sinks, order, dropout, descale)
+        var = _Mods(window, softcap, slopes, sinks, order, dropout, descale)
         o, lse = _forward(q, k, v, causal, scale, block_m, block_n, var)
         ctx.save_for_backward(q, k, v, o, lse, slopes, sinks)
         ctx.args = (causal, scale, block_m, block_n, window, softcap, order, dropout)
@@ -383,7 +384,7 @@ class _BlockedAttention(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse, slopes, sinks = ctx.saved_tensors
         causal, scale, block_m, block_n, window, softcap, order, dropout = ctx.args
-        var = Variants(window, softcap, slopes, sinks, order, dropout)
+        var = _Mods(window, softcap, slopes, sinks, order, dropout)
         dq, dk, dv, dsinks = _backward(q, k, v, o, lse, do, causal, scale, block_m, block_n, var)
         return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None, None, None
 
@@ -396,7 +397,7 @@ def _split_kv(
     scale: float,
     block_m: int,
     block_n: int,
-    var: Variants,
+    var: _Mods,
     num_splits: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Flash-decoding of one sequence (a batch of one): the key tiles in ``num_splits``
@@ -466,7 +467,7 @@ def _variants(
 
 
 def _fp8(descales: Descales | None, hq: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Checked FP8 descales (B, Hkv) as the tile loops read them (:attr:`Variants.descale`): the
+    """Checked FP8 descales (B, Hkv) as the tile loops read them (:attr:`_Mods.descale`): the
     logits' factor ``q_descale * k_descale`` (k's alone for an FP8 cache) and ``v_descale``, per
     batch element and query head (B, Hq); ``None`` without FP8."""
     return None if descales is None else descales.per_query_head(hq)
@@ -650,7 +651,7 @@ def kvcache(
             k_seq, v_seq = k_cache[page, slot], v_cache[page, slot]
         fp8_i = None if fp8 is None else (fp8[0][i : i + 1], fp8[1][i : i + 1])
         slopes_i = None if slopes is None else slopes[i : i + 1]
-        var = Variants(window, softcap, slopes_i, sinks, order, None, fp8_i)
+        var = _Mods(window, softcap, slopes_i, sinks, order, None, fp8_i)
         o_i, lse_i = _split_kv(
             _bhnd(q[i]), _bhnd(k_seq), _bhnd(v_seq), causal, scale, block_m, block_n, var, num_splits or 1
         )
