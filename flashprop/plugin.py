@@ -244,7 +244,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is not None:
         from flashprop.harness.campaign import configure_worker
 
-        configure_worker(run, worker, run.device)
+        configure_worker(run.campaign, run.tallies, worker, run.device)
     elif getattr(config.option, "xmlpath", None):  # pytest writes JUnit XML here (not on a worker)
         config.pluginmanager.register(JUnitReports(), "flashprop-junit")
 
@@ -295,7 +295,7 @@ def pytest_configure_node(node) -> None:
     """xdist controller: tell each worker where to note its examples and tallies."""
     from flashprop.harness.campaign import configure_node
 
-    configure_node(node.config.stash[RUN], node)
+    configure_node(node.config.stash[RUN].campaign, node)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -303,7 +303,8 @@ def pytest_testnodedown(node, error) -> None:
     """xdist controller: merge a worker's tallies; report the example a dead worker was running."""
     from flashprop.harness.campaign import collect_node
 
-    collect_node(node.config.stash[RUN], node, error)
+    run = node.config.stash[RUN]
+    collect_node(run.campaign, run.tallies, node, error)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -50,7 +50,6 @@ from .failures import Failure
 if TYPE_CHECKING:  # pragma: no cover
     from ..contract.registry import Kernel
     from .report import Tallies
-    from .run_context import RunContext
 
 #: The folder, shared by the controller and its workers, where each worker keeps its files.
 _FOLDER = "flashprop_campaign_dir"
@@ -125,10 +124,9 @@ def database_key(kernel: Kernel, prop: str, case: str | None) -> bytes:
                        "test": case, "property": prop}).encode()
 
 
-def configure_node(run: RunContext, node) -> None:
+def configure_node(campaign: Campaign, node) -> None:
     """Controller side: a folder for the worker's files (one per controller, made once, removed
     at exit) and the shards' seed base, the same for every worker."""
-    campaign = run.campaign
     if campaign.folder is None:
         campaign.folder = tempfile.mkdtemp(prefix="flashprop-workers-")
         atexit.register(shutil.rmtree, campaign.folder, ignore_errors=True)
@@ -143,7 +141,7 @@ def _files(folder: str, worker: str) -> tuple[Path, Path]:
     return Path(folder) / f"{worker}.tally.json", Path(folder) / f"{worker}.current.json"
 
 
-def configure_worker(run: RunContext, workerinput: dict, device: str) -> None:
+def configure_worker(campaign: Campaign, tallies: Tallies, workerinput: dict, device: str) -> None:
     """Worker side: its CUDA device, and where it saves its tally and notes its current example."""
     worker = workerinput.get("workerid", "gw0")
     if device == "cuda":
@@ -152,13 +150,13 @@ def configure_worker(run: RunContext, workerinput: dict, device: str) -> None:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(worker.removeprefix("gw") or 0) % torch.cuda.device_count())
     if _STOP in workerinput:  # started after the campaign was asked to stop
-        run.campaign.winding_at = time.monotonic()
-        run.campaign.stop_signals.append(workerinput[_STOP])
+        campaign.winding_at = time.monotonic()
+        campaign.stop_signals.append(workerinput[_STOP])
     folder = workerinput.get(_FOLDER)
     if folder:
         tally, current = _files(folder, worker)
-        run.tallies.autosave(str(tally))
-        run.tallies.note_current(str(current))
+        tallies.autosave(str(tally))
+        tallies.note_current(str(current))
 
 
 def child_pids(pid: int) -> list[int]:
@@ -302,20 +300,20 @@ def end_worker(tallies: Tallies, cause: str) -> NoReturn:
     os._exit(3)
 
 
-def collect_node(run: RunContext, node, error) -> None:
+def collect_node(campaign: Campaign, tallies: Tallies, node, error) -> None:
     """Controller side: merge the worker's tallies; a dead worker's last example is a failure."""
     worker = node.workerinput.get("workerid", "?")
-    if worker in run.campaign.collected:  # an interrupted worker: finished (merged then), and down again
+    if worker in campaign.collected:  # an interrupted worker: finished (merged then), and down again
         return
-    run.campaign.collected.add(worker)
+    campaign.collected.add(worker)
     folder = node.workerinput.get(_FOLDER)
     found = getattr(node, "workeroutput", {}).get("flashprop_tallies")
     tally, current = _files(folder, worker) if folder else (None, None)
     if found is None and tally is not None and tally.exists():
         found = json.loads(tally.read_text())
-    run.tallies.merge_rows(found or [])
+    tallies.merge_rows(found or [])
     compiled = getattr(node, "workeroutput", {}).get("flashprop_compile", {})
-    run.campaign.workers_compiled += CompileStats(**compiled)
+    campaign.workers_compiled += CompileStats(**compiled)
     if error is not None and current is not None and current.exists():
         last = json.loads(current.read_text())
         why = str(error).strip().splitlines()[-1] if error else ""
@@ -323,7 +321,7 @@ def collect_node(run: RunContext, node, error) -> None:
         raised = f"the kernel raised {last['cause']}" if "cause" in last else None
         found = Failure(last["kernel"], last["property"], last["problem"], (died,) if raised else (),
                         error=raised or died, replay=last["replay"])
-        run.tallies.record(last["kernel"], last["property"], "failed", 0.0, found)
+        tallies.record(last["kernel"], last["property"], "failed", 0.0, found)
     for path in (tally, current):
         if path is not None and path.exists():
             os.unlink(path)

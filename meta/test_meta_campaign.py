@@ -394,8 +394,8 @@ def test_an_interrupted_worker_reported_down_twice_is_merged_once():
     row = {"kernel": "k", "property": "forward", "passed": 5, "refused": 0, "failed": 0, "seconds": 1.0,
            "last_failure": None, "skipped": []}
     node = _Node("gw-interrupted", [row])
-    campaign.collect_node(run, node, None)
-    campaign.collect_node(run, node, "keyboard-interrupt")
+    campaign.collect_node(run.campaign, run.tallies, node, None)
+    campaign.collect_node(run.campaign, run.tallies, node, "keyboard-interrupt")
     assert run.tallies["k", "forward"].passed == 5 and run.tallies["k", "forward"].failed == 0
 
 
