@@ -522,8 +522,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_fp8_q_descale_ignored",
         BLOCKED,
-        "    q = 1.0 if descales.q is None else descales.q\n",
-        "    q = 1.0  # q_descale never reaches the kernel: its default, 1\n",
+        "    return None if descales is None else descales.per_query_head(hq)\n",
+        "    return None if descales is None else replace(descales, q=None).per_query_head(hq)  # q's: 1\n",
         "FP8 descale not applied",
         "q_descale is checked but never reaches the tile loops, which take FA3's default of 1: the "
         "logits are those of q's FP8 values, off by the factor q_descale. "
