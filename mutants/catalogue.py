@@ -547,9 +547,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_fp8_descale_per_tensor",
         BLOCKED,
-        "    qk, v = q * descales.k, descales.v\n",
-        "    qk, v = q * descales.k, descales.v\n"
-        "    qk, v = (t.reshape(-1)[:1].expand(t.shape) for t in (qk, v))  # the first group's for all\n",
+        "    return None if descales is None else descales.per_query_head(hq)\n",
+        "    if descales is None:\n"
+        "        return None\n"
+        "    qk, v = descales.per_query_head(hq)\n"
+        "    return tuple(t.reshape(-1)[:1].expand(t.shape) for t in (qk, v))  # the first group's for all\n",
         "FP8 per-tensor descale where per-head is declared",
         "The descales are read through a scalar pointer: every batch element and kv head gets the "
         "first one's, right for per-tensor descales and wrong for the (Hkv,) and (B, Hkv) ones the "
@@ -814,16 +816,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_acc_fp16",
         TRITON_KERNELS,
-        "        l_i = l_i * alpha + tl.sum(p, 1)\n"
-        "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
-        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)\n"
-        "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n"
+        "        pv = _operand(_probabilities_as(p, v.dtype), BLOCK_N)\n"
+        "        acc = tl.dot(pv, _operand(v, BLOCK_N), acc * alpha[:, None], input_precision=PRECISION,\n"
         "                     out_dtype=acc.dtype)\n",
-        "        v = _load_rows(v_base, off_b, off_hkv, start_n, offs_n, offs_dv, stride_vn, stride_vd,\n"
-        "                       n_k, head_dim_v, EVEN_DV, MASKED, TMA, WIDE_ROWS)\n"
-        "        l_i = (l_i * alpha + tl.sum(p, 1)).to(v.dtype).to(l_i.dtype)\n"
-        "        acc = tl.dot(p.to(v.dtype), v, (acc * alpha[:, None]).to(v.dtype),\n"
-        "                     input_precision=PRECISION, out_dtype=v.dtype).to(acc.dtype)\n",
+        "        pv = _operand(_probabilities_as(p, v.dtype), BLOCK_N)\n"
+        "        l_i = l_i.to(pv.dtype).to(l_i.dtype)\n"
+        "        acc = tl.dot(pv, _operand(v, BLOCK_N), (acc * alpha[:, None]).to(pv.dtype),\n"
+        "                     input_precision=PRECISION, out_dtype=pv.dtype).to(acc.dtype)\n",
         "low-precision accumulation",
         "The forward keeps its running sum l and output accumulator in the input dtype between key "
         "tiles (fp16 registers, fp16 MMA accumulation): fp32 and fp64 runs are unchanged, fp16 "
@@ -834,8 +833,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_no_rescale",
         TRITON_KERNELS,
-        "        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,\n",
-        "        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION,\n",
+        "        acc = tl.dot(pv, _operand(v, BLOCK_N), acc * alpha[:, None], input_precision=PRECISION,\n",
+        "        acc = tl.dot(pv, _operand(v, BLOCK_N), acc, input_precision=PRECISION,\n",
         "online-softmax rescale omitted",
         "The forward's accumulator is not rescaled by exp2(m_old - m_new) when a later key tile "
         "raises the row max (the running sum l still is): exact whenever the first tile holds "
