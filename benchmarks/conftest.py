@@ -11,7 +11,7 @@ Options (each also read from an environment variable, the option wins):
     --bench-modes     FLASHPROP_BENCH_MODES     fwd and/or fwd+bwd
     --bench-subset    FLASHPROP_BENCH_SUBSET    a named subset of benchmarks.grid.SUBSETS
     --bench-variants  FLASHPROP_BENCH_VARIANTS  rows' variants (benchmarks.grid.VARIANTS), e.g.
-                                                dense,softcap (default: dense)
+                                                dense,softcap,fp8 (default: dense)
     --bench-report    FLASHPROP_BENCH_REPORT    folder for the plot and markdown table, written
                                                 together with --benchmark-json
 The device comes from the root conftest's ``--device`` (default: cuda when available).
