@@ -25,6 +25,7 @@ The finer checks they are made of (``check_window``, ``check_cache``, ...) are p
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -145,6 +146,12 @@ def check_dropout(dropout_p: object, dropout_seed: object) -> tuple[float, int |
     if not 0 <= dropout_seed < DROPOUT_SEED_LIMIT:
         raise ValueError(f"dropout_seed must be in [0, 2**64), got {dropout_seed}")
     return float(dropout_p), dropout_seed
+
+
+def dropout_threshold(p: float) -> int:
+    """``ceil(p * 2^32)``: the contract's keep mask keeps an entry iff its 32-bit hash is at least
+    this (``refimpl/dropout.py``; exact for a float p, 0 at p = 0)."""
+    return math.ceil(p * 2.0**32)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from flashprop.contract.validate import (
     check_fp8,
     check_variants,
     check_varlen,
+    dropout_threshold,
 )
 from flashprop.kernels.triton_attention_kernels import INTERPRET, _dropout_mask
 from flashprop.kernels.triton_attention_launch import (
@@ -179,6 +180,12 @@ def _check_launch(q: Tensor, k: Tensor, v: Tensor, slices: int, scale: float | N
             raise ValueError(f"{name}={tile} is not one of {TILE_SIZES}")
 
 
+def _on_device(t: Tensor) -> contextlib.AbstractContextManager:
+    """The context in which to launch on ``t``'s device: its CUDA device made current (Triton
+    launches on the current one), nothing for the interpreter's CPU tensors."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _check_columns(*tensors: Tensor) -> None:
     """Refuse, with NotImplementedError, a tensor whose last element's head-dim offset
     ``(D - 1) * stride(-1)`` passes 2^31 - 1: the kernels add it in 32 bits."""
@@ -277,7 +284,7 @@ def _dropout_args(dropout: tuple[float, int] | None) -> tuple[int, int, int, flo
     if dropout is None:
         return 0, 0, 0, 0.0
     p, seed = dropout
-    return seed & 0xFFFFFFFF, seed >> 32, math.ceil(p * 2.0**32), 1.0 / (1.0 - p)
+    return seed & 0xFFFFFFFF, seed >> 32, dropout_threshold(p), 1.0 / (1.0 - p)
 
 
 def _switches(q: Tensor, v: Tensor, mods: _Mods, spare: Tensor) -> dict:
@@ -488,7 +495,7 @@ def _attend(q: Tensor, k: Tensor, v: Tensor, var: Variants, descales: Descales |
     band_causal, window = resolve_band(bool(causal), var.window, *lengths)
     sm_scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     dropout = (var.dropout_p, var.dropout_seed) if var.dropout_p else None
-    device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    device = _on_device(q)
     if descales is not None:
         if dropout is not None:
             raise NotImplementedError("dropout of FP8 inputs is not in the contract")
@@ -518,7 +525,7 @@ def dropout_mask(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, dropout_s
         return torch.ones((b, hq, nq, nk), dtype=torch.bool, device=q.device)
     mask = torch.empty((b, hq, nq, nk), dtype=torch.int8, device=q.device)
     seed_lo, seed_hi, threshold, _ = _dropout_args((p, seed))
-    device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    device = _on_device(q)
     with device:
         _dropout_mask[(triton.cdiv(nq, _MASK_TILE), b * hq)](mask, seed_lo, seed_hi, threshold, hq, nq, nk,
                                                              BLOCK_M=_MASK_TILE, BLOCK_N=_MASK_TILE)

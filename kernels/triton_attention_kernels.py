@@ -450,23 +450,33 @@ def _absorb(state, word):
 
 
 @triton.jit
-def _dropout_state(seed_lo, seed_hi, off_b, off_h):
+def _dropout_state(seed_lo, seed_hi, off_b, off_h, DROPOUT: tl.constexpr):
     """The dropout hash's state after the words (s_lo, s_hi, b, h) of one (batch element or
-    sequence, query head): a uint32 scalar that :func:`_dropout_weights` finishes per entry."""
-    state = _absorb(tl.zeros([], tl.uint32), seed_lo)
-    state = _absorb(state, seed_hi)
-    state = _absorb(state, off_b)
-    return _absorb(state, off_h)
+    sequence, query head): a uint32 scalar that :func:`_dropout_kept` finishes per entry (0,
+    unused, without DROPOUT)."""
+    state = tl.zeros([], tl.uint32)
+    if DROPOUT:
+        state = _absorb(state, seed_lo)
+        state = _absorb(state, seed_hi)
+        state = _absorb(state, off_b)
+        state = _absorb(state, off_h)
+    return state
+
+
+@triton.jit
+def _dropout_kept(state, q_idx, kv_idx, drop_threshold):
+    """The contract's keep mask M at broadcastable query and key indices (their positions in the
+    sequence): the hash of (state, i, j) is at least ``drop_threshold = ceil(p 2^32)``. Bit for
+    bit ``refimpl/dropout.py``'s; ``attention.dropout_mask`` writes it."""
+    h = _absorb(_absorb(state, q_idx), kv_idx)
+    return h.to(tl.int64) >= drop_threshold
 
 
 @triton.jit
 def _dropout_weights(state, q_idx, kv_idx, drop_threshold, drop_scale):
-    """The dropout's ``Z = M / (1 - p)`` at broadcastable query and key indices (their positions
-    in the sequence): ``drop_scale = 1 / (1 - p)`` where the hash of (state, i, j) is at least
-    ``drop_threshold = ceil(p 2^32)`` (kept), else 0. The contract's mask bit for bit
-    (``refimpl/dropout.py``), so ``attention.dropout_mask`` is this function's."""
-    h = _absorb(_absorb(state, q_idx), kv_idx)
-    return tl.where(h.to(tl.int64) >= drop_threshold, drop_scale, 0.0)
+    """The dropout's ``Z = M / (1 - p)`` (:func:`_dropout_kept`): ``drop_scale = 1 / (1 - p)``
+    where kept, else 0."""
+    return tl.where(_dropout_kept(state, q_idx, kv_idx, drop_threshold), drop_scale, 0.0)
 
 
 @triton.jit
@@ -664,10 +674,7 @@ def _attn_fwd(
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
     drop_scale_t = tl.full([], drop_scale, ACC_DTYPE)
-    if DROPOUT:
-        drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h)
-    else:
-        drop_state = tl.zeros([], tl.uint32)
+    drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h, DROPOUT)
 
     q = _load_rows(q_base, off_b, off_h, start_m, offs_m, offs_d, stride_qm, stride_qd, n_q,
                    head_dim, EVEN_D, True, TMA, WIDE_ROWS)
@@ -935,10 +942,7 @@ def _attn_bwd_dkdv(
             q_base = Q + off_b * stride_qb + off_h * stride_qh
             do_base = DO + off_b * stride_dob + off_h * stride_doh
         slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
-        if DROPOUT:
-            drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h)
-        else:
-            drop_state = tl.zeros([], tl.uint32)
+        drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h, DROPOUT)
         dk, dv = _bwd_dkdv_inner(
             dk, dv, k, v, q_base, do_base, LSE2 + rows, DELTA + rows,
             stride_qm, stride_qd, stride_dom, stride_dod,
@@ -1074,10 +1078,7 @@ def _attn_bwd_dq(
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)
     drop_scale_t = tl.full([], drop_scale, ACC_DTYPE)
-    if DROPOUT:
-        drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h)
-    else:
-        drop_state = tl.zeros([], tl.uint32)
+    drop_state = _dropout_state(seed_lo, seed_hi, off_b, off_h, DROPOUT)
 
     if VARLEN:
         q_base = Q + q_start * stride_qm + off_h * stride_qh
@@ -1149,14 +1150,14 @@ def _dropout_mask(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """Mask (B, Hq, Nq, Nk) int8, contiguous: 1 where entry (b, h, i, j) is kept, from the same
-    :func:`_dropout_state` and :func:`_dropout_weights` as the forward and backward. Grid:
+    :func:`_dropout_state` and :func:`_dropout_kept` as the forward and backward. Grid:
     (cdiv(Nq, BLOCK_M), B*Hq); each program writes its query rows, every key."""
     start_m = tl.program_id(0) * BLOCK_M
     off_bh = tl.program_id(1).to(tl.int64)
-    state = _dropout_state(seed_lo, seed_hi, off_bh // H_Q, off_bh % H_Q)
+    state = _dropout_state(seed_lo, seed_hi, off_bh // H_Q, off_bh % H_Q, True)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     for start_n in range(0, N_K, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        kept = _dropout_weights(state, offs_m[:, None], offs_n[None, :], drop_threshold, 1.0) > 0
+        kept = _dropout_kept(state, offs_m[:, None], offs_n[None, :], drop_threshold)
         ptrs = Mask + (off_bh * N_Q + offs_m[:, None]) * N_K + offs_n[None, :]
         tl.store(ptrs, kept.to(tl.int8), mask=(offs_m < N_Q)[:, None] & (offs_n < N_K)[None, :])

@@ -76,7 +76,6 @@ Stages of this file:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 
@@ -589,7 +588,7 @@ def kvcache(
     else:
         out, out_lse = o, lse
     sinks_ = (mods.sinks, mods.sinks.stride(0)) if mods.sinks is not None else (lse, 0)
-    device = torch.cuda.device(q.device) if q.device.type == "cuda" else contextlib.nullcontext()
+    device = ta._on_device(q)
     with device:
         partial[(splits * row_tiles, hkv, b)](
             q, k_cache, v_cache, table, cache_seqlens, out, out_lse,

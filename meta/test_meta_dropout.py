@@ -13,7 +13,7 @@ import pytest
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities
 from flashprop.contract.problem import Problem
-from flashprop.contract.validate import check_dropout
+from flashprop.contract.validate import check_dropout, dropout_threshold
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
 from flashprop.harness.variant_problems import variant_axes, variant_problems
@@ -21,7 +21,7 @@ from flashprop.meta.test_meta_variants import EVERYTHING, definition, run_varian
 from flashprop.properties.test_dropout import FALSE_ALARM, _bernstein
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention
-from flashprop.refimpl.dropout import Dropout, dropout_hash, dropout_mask, dropout_of, threshold
+from flashprop.refimpl.dropout import Dropout, dropout_hash, dropout_mask, dropout_of
 from flashprop.refimpl.layouts import varlen_golden
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,8 +68,9 @@ def test_pinned_hash_values():
 
 
 def test_threshold_is_exact_and_p_zero_keeps_everything():
-    assert threshold(0.0) == 0 and threshold(0.5) == 2**31 and threshold(0.25) == 2**30
-    assert threshold(1e-10) == 1  # any p > 0 drops something
+    assert dropout_threshold(0.0) == 0 and dropout_threshold(0.5) == 2**31
+    assert dropout_threshold(0.25) == 2**30
+    assert dropout_threshold(1e-10) == 1  # any p > 0 drops something
     assert dropout_of(0.0, 7) is None and dropout_of(0.0, None) is None
     assert bool(dropout_mask(2, 3, 5, 7, dropout_p=0.0, dropout_seed=1).all())
 
@@ -86,7 +87,7 @@ def test_keep_decisions_are_bernoulli_and_independent(p):
     seed = 2**32 - 1  # its successor carries into the high word
     keep = dropout_mask(2, 4, 64, 64, dropout_p=p, dropout_seed=seed)
     drop = ~keep
-    exact = threshold(p) / 2**32
+    exact = dropout_threshold(p) / 2**32
     assert _within_binomial(int(drop.sum()), drop.numel(), exact)
     pairs = {
         "b": drop[0] & drop[1],

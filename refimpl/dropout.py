@@ -30,13 +30,12 @@ computed with that mask.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from ..contract.validate import check_dropout
+from ..contract.validate import check_dropout, dropout_threshold
 
 MASK32 = 0xFFFFFFFF
 #: The additive round constant (2^32 / golden ratio): the state never sticks at fmix32's fixed point 0.
@@ -75,11 +74,6 @@ def dropout_hash(
     return state
 
 
-def threshold(p: float) -> int:
-    """``ceil(p * 2^32)``: an entry is kept iff its hash is at least this (exact for a float p)."""
-    return math.ceil(p * 2.0**32)
-
-
 @dataclass(frozen=True)
 class Dropout:
     """Dropout of one call: probability ``p`` in (0, 1), ``seed``, and ``batch``, the hash's batch
@@ -94,7 +88,7 @@ class Dropout:
         self, b: torch.Tensor | int, h: torch.Tensor | int, i: torch.Tensor, j: torch.Tensor
     ) -> torch.Tensor:
         """The keep mask ``M`` at the broadcast indices (``b`` counted from ``batch``)."""
-        return dropout_hash(self.seed, b + self.batch, h, i, j) >= threshold(self.p)
+        return dropout_hash(self.seed, b + self.batch, h, i, j) >= dropout_threshold(self.p)
 
     def factor(self, b, h, i, j, dtype: torch.dtype) -> torch.Tensor:
         """``Z = M / (1 - p)`` in ``dtype``: 0 where dropped, ``1 / (1 - p)`` where kept."""
