@@ -119,6 +119,11 @@ class Config:
         return f"{self.mode} d{self.d} {mask} N{self.n} {SHORT_DTYPE[self.dtype]}{variant}"
 
     @property
+    def fp8_descale(self) -> torch.Tensor:
+        """An fp8 row's descale, the same for q, k and v: (B, H) float32 of :data:`FP8_DESCALE`."""
+        return torch.full((self.b, self.h), FP8_DESCALE, dtype=torch.float32, device=self.device)
+
+    @property
     def anchor_config(self) -> Config:
         """The row the anchors are timed on: this one, or an fp8 row's bf16 dense twin."""
         return replace(self, variant="dense") if self.variant == "fp8" else self
@@ -139,7 +144,7 @@ class Config:
         if self.variant == "window":
             return {"window_size": self.window}
         if self.variant == "fp8":
-            descale = torch.full((self.b, h), FP8_DESCALE, dtype=torch.float32, device=self.device)
+            descale = self.fp8_descale
             return {"q_descale": descale, "k_descale": descale, "v_descale": descale}
         return {}
 
@@ -174,7 +179,7 @@ class Config:
         )
         if self.variant != "fp8":
             return drawn
-        descale = torch.full((self.b, self.h), FP8_DESCALE, dtype=torch.float32, device=self.device)
+        descale = self.fp8_descale
         return (*(quantise(x, descale, self.h, FP8_FORMAT) for x in drawn[:3]), drawn[3])
 
 
