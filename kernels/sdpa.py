@@ -42,6 +42,7 @@ problems a backend refuses with that mask are undeclared limits.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -87,6 +88,28 @@ def _both(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:
     return b if a is None else a & b
 
 
+def _bias_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an ALiBi bias is computed in for queries of ``dtype``: float64 for float64, else
+    float32 (a 16-bit bias is rounded: at a slope of 8 and a distance of 47, fp16's spacing is
+    0.25, an error of up to 0.125 in a logit)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+#: The backends that take an additive ``attn_mask`` of a wider float dtype than the queries
+#: (float32 with fp16 / bf16): the bias reaches them unrounded. The others are given it rounded
+#: to the query dtype, the one dtype they take (:func:`_for_backend`).
+_WIDE_BIAS: frozenset[SDPBackend] = frozenset({SDPBackend.MATH})
+
+
+def _for_backend(call: _Call, backend: SDPBackend) -> _Call:
+    """``call`` as ``backend`` takes it: a float bias wider than the queries rounded to their dtype
+    unless the backend takes it as is (:data:`_WIDE_BIAS`); a bool mask and no mask unchanged."""
+    mask = call.attn_mask
+    if mask is None or not mask.is_floating_point() or mask.dtype == call.q.dtype or backend in _WIDE_BIAS:
+        return call
+    return dataclasses.replace(call, attn_mask=mask.to(call.q.dtype))
+
+
 def _attn_mask(
     rows: torch.Tensor,
     cols: torch.Tensor,
@@ -104,8 +127,9 @@ def _attn_mask(
     Key j is visible from query i where ``keep`` holds (the same sequence, inside the cache;
     ``None``: everywhere) and ``i - left <= j <= i + right`` (-1: that side open; ``causal``
     caps the right side at 0). Without ``slopes`` that is the bool mask; with ALiBi ``slopes``
-    (broadcastable against ``(B, Hq, Nq, Nk)``) it is the bias ``-slope * |i - j|`` in
-    ``dtype``, ``-inf`` where not visible.
+    (broadcastable against ``(B, Hq, Nq, Nk)``) it is the bias ``-slope * |i - j|`` computed in
+    ``dtype`` (:func:`_bias_dtype`: float32 or float64, rounded once), ``-inf`` where not visible;
+    :func:`_for_backend` rounds it to what the pinned backend takes.
     """
     left, right = (-1, -1) if window is None else window
     if causal:
@@ -118,8 +142,7 @@ def _attn_mask(
         visible = _both(visible, offset >= -left)
     if slopes is None:
         return visible
-    work = torch.float64 if dtype == torch.float64 else torch.float32  # round the bias once
-    bias = (-slopes.to(work) * offset.abs().to(work)).to(dtype)
+    bias = -slopes.to(dtype) * offset.abs().to(dtype)
     return bias if visible is None else bias.masked_fill(~visible, float("-inf"))
 
 
@@ -160,7 +183,8 @@ def _dense_call(
     var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     rows, cols = _positions(q.shape[2], 2, q.device), _positions(k.shape[2], 3, q.device)
-    mask = _attn_mask(rows, cols, causal=causal, window=var.window, slopes=slopes, keep=None, dtype=q.dtype)
+    mask = _attn_mask(rows, cols, causal=causal, window=var.window, slopes=slopes, keep=None,
+                      dtype=_bias_dtype(q.dtype))
     return _Call(q, k, v, mask, causal and mask is None, scale)
 
 
@@ -203,7 +227,7 @@ def _varlen_call(
         window=var.window,
         slopes=slopes,
         keep=seq_q.view(1, 1, -1, 1) == seq_k.view(1, 1, 1, -1),
-        dtype=q.dtype,
+        dtype=_bias_dtype(q.dtype),
     )
     return _Call(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask, False, scale)
 
@@ -247,7 +271,7 @@ def _kvcache_call(
         window=var.window,
         slopes=slopes,
         keep=inside[:, None, None, :],
-        dtype=q.dtype,
+        dtype=_bias_dtype(q.dtype),
     )
     return _Call(q.transpose(1, 2), k, v, mask, False, scale)
 
@@ -274,6 +298,7 @@ def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Calla
     of Python's own keyword check (an undeclared variant) name the entry point."""
 
     def run(call: _Call) -> torch.Tensor:
+        call = _for_backend(call, backend)
         if call.q.device.type not in caps.devices:
             raise NotImplementedError(f"SDPA {backend.name} does not run on {call.q.device.type}")
         if call.q.dtype not in caps.dtypes:
@@ -391,8 +416,9 @@ sdpa_math = _make(
 )
 
 
-def _dispatcher_limit(backend: str, can_use_name: str, calls: Mapping[str, Callable[..., _Call]]) -> Limit:
-    """Problems PyTorch's own SDPA dispatcher check rejects for ``backend``.
+def _dispatcher_limit(backend: SDPBackend, label: str, can_use_name: str,
+                      calls: Mapping[str, Callable[..., _Call]]) -> Limit:
+    """Problems PyTorch's own SDPA dispatcher check rejects for ``backend`` (``label`` in the reason).
 
     ``torch.backends.cuda.can_use_*_attention`` is the check behind "No available kernel"; its
     rules change between releases (on the H200, torch 2.11: flash refuses causal with
@@ -414,7 +440,7 @@ def _dispatcher_limit(backend: str, can_use_name: str, calls: Mapping[str, Calla
             return False
         inp = p.kernel_inputs(requires_grad=p.cache is None)
         try:
-            call = build(*inp.args, causal=p.causal, scale=p.scale, **inp.kwargs)
+            call = _for_backend(build(*inp.args, causal=p.causal, scale=p.scale, **inp.kwargs), backend)
         except (TypeError, ValueError, NotImplementedError):
             return False
         try:
@@ -430,7 +456,7 @@ def _dispatcher_limit(backend: str, can_use_name: str, calls: Mapping[str, Calla
             return not can_use(params, False)
 
     return Limit(
-        reason=f"PyTorch's SDPA dispatcher rejects it for {backend} "
+        reason=f"PyTorch's SDPA dispatcher rejects it for {label} "
         f"(torch.backends.cuda.{can_use_name} is False; the backend raises 'No available kernel')",
         applies=applies,
     )
@@ -538,7 +564,10 @@ sdpa_flash = _make(
         deterministic_backward=False,
         devices=frozenset({"cuda"}),
         max_elements=INT32_ELEMENTS,
-        limits=(FLASH_MISALIGNED_VIEWS, _dispatcher_limit("flash", "can_use_flash_attention", _PLAIN_CALLS)),
+        limits=(
+            FLASH_MISALIGNED_VIEWS,
+            _dispatcher_limit(SDPBackend.FLASH_ATTENTION, "flash", "can_use_flash_attention", _PLAIN_CALLS),
+        ),
         variant_backward=frozenset(),
     ),
     "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16; takes no mask, so no variant.",
@@ -556,7 +585,9 @@ sdpa_efficient = _make(
         limits=(
             EFFICIENT_MISALIGNED_VIEWS,
             EFFICIENT_BF16_STEEP_ALIBI,
-            _dispatcher_limit("efficient", "can_use_efficient_attention", _MASKED_CALLS),
+            _dispatcher_limit(
+                SDPBackend.EFFICIENT_ATTENTION, "efficient", "can_use_efficient_attention", _MASKED_CALLS
+            ),
         ),
         **_MASK_VARIANTS,
     ),
@@ -576,7 +607,7 @@ sdpa_cudnn = _make(
         limits=(
             CUDNN_MISALIGNED_VIEWS,
             CUDNN_MASKED_EMPTY_ROWS,
-            _dispatcher_limit("cuDNN", "can_use_cudnn_attention", _MASKED_CALLS),
+            _dispatcher_limit(SDPBackend.CUDNN_ATTENTION, "cuDNN", "can_use_cudnn_attention", _MASKED_CALLS),
         ),
         **_MASK_VARIANTS,
     ),

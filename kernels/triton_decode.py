@@ -51,11 +51,11 @@ Conventions:
 * Only cache positions j < L_b are read, and only the block-table entries of their pages: the
   loads are masked (other = 0) and the loops stop at the length. Lengths are clamped into
   [0, capacity] and page indices into [0, num_pages) in the kernel, so no value of them reads
-  outside the tensors. So the values are checked after the launch
-  (``contract.validate.check_cache_values``; shapes and dtypes before it, ``check_decode``): the
-  check reads them on the host, and its device synchronisation then waits for the kernels
-  instead of holding back their launch (on a GPU the host's launch latency stays hidden behind
-  the work before it). A malformed call raises and its outputs are dropped.
+  outside the tensors. So the values are checked while the kernels run
+  (``contract.validate.start_cache_value_check``, enqueued before the launch and read on the
+  host after it; shapes and dtypes before it, ``check_decode``): the host waits for four numbers,
+  not for the kernels. A malformed call raises and its outputs are dropped. A CUDA graph cannot
+  capture a call (the host reads the values).
 * o (B, Nq, Hq, Dv) in the inputs' dtype; lse (B, Hq, Nq) natural log, float32 (float64 for
   float64 inputs); a row that sees no key gets o = 0, lse = -inf (with a sink: lse = z_h).
   Partials are kept in the accumulator dtype (float32; float64 for float64).
@@ -83,7 +83,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.contract.capabilities import KVCache
-from flashprop.contract.validate import check_cache_values, check_decode, check_variants
+from flashprop.contract.validate import check_decode, check_variants, start_cache_value_check
 from flashprop.kernels import triton_attention as ta
 from flashprop.kernels.triton_attention_kernels import INTERPRET, _in_window, _modified_scores
 from flashprop.kernels.triton_attention_launch import (
@@ -565,8 +565,9 @@ def kvcache(
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     o = torch.empty((b, nq, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=acc_dtype, device=q.device)
+    values_checked = start_cache_value_check(k_cache, cache_seqlens, block_table, capacity)
     if o.numel() == 0 and lse.numel() == 0:
-        check_cache_values(k_cache, cache_seqlens, block_table, capacity)
+        values_checked()
         return o, lse
     group = hq // hkv
     rows = group * nq
@@ -602,7 +603,7 @@ def kvcache(
                 out, out_lse, o, lse, sinks_[0], *o.stride(), sinks_[1], hkv, group, nq, splits, dv,
                 **combine_meta(dv, q.dtype, splits, mods.sinks is not None),
             )
-    check_cache_values(k_cache, cache_seqlens, block_table, capacity)  # a malformed call's o is dropped
+    values_checked()  # raises for a malformed call, whose o is dropped
     return o, lse
 
 
