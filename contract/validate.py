@@ -378,8 +378,10 @@ def check_cache_values(
 
 @functools.cache
 def _check_stream(index: int) -> torch.cuda.Stream:
-    """The side stream the value checks of device ``index`` run on (one per device)."""
-    return torch.cuda.Stream(device=index)
+    """The side stream the value checks of device ``index`` run on (one per device, of the highest
+    priority, so that its small kernels are scheduled before the blocks of the kernels they
+    overlap)."""
+    return torch.cuda.Stream(device=index, priority=-1)
 
 
 def start_cache_value_check(
@@ -388,18 +390,18 @@ def start_cache_value_check(
     """Begin :func:`check_cache_values` without a device synchronisation; the returned function
     ends it (raising its ValueError for out-of-range values).
 
-    On a GPU the check runs on a side stream that first waits for the current stream's work so
-    far (what wrote the lengths and the table): the lengths' and the table's minimum and
-    maximum (``torch.aminmax``) copied into pinned host memory, then an event. The function
-    waits for that event alone. So a kernel that reads any values within bounds (clamped
-    lengths and page indices) starts the check, launches its kernels on the current stream,
-    which do not wait for the check, and then ends it: the host reads four numbers while the GPU
-    runs the kernels, and a malformed call still raises before it returns. (Checking after the
-    launch synchronised with the whole call instead, and each of the check's small kernels then
-    waited for the host to launch it: on the H200 that took 0.05-0.23 ms per decode call, more
-    than the decode itself at 8 x 8k keys.) On the CPU the function checks at once. A CUDA graph
-    cannot capture it (the host reads the values): a call under capture is refused with
-    NotImplementedError."""
+    A kernel that reads any values within bounds (clamped lengths and page indices) calls this
+    before its launches and the returned function after them. On a GPU this records an event on
+    the current stream, the point after what wrote the lengths and the table; the function then
+    runs the check on a side stream that waits for that event alone (not for the kernels
+    launched since): the lengths' and the table's minimum and maximum (``torch.aminmax``) copied
+    into pinned host memory, and waits for that copy. So the host reads four numbers while the
+    GPU runs the kernels, and a malformed call still raises before it returns. (Checking after
+    the launch on the current stream synchronised with the whole call, and each of the check's
+    small kernels then waited for the host to launch it: on the H200 that took 0.05-0.23 ms per
+    decode call, more than the decode itself at 8 x 8k keys.) On the CPU the function checks at
+    once. A CUDA graph cannot capture it (the host reads the values): a call under capture is
+    refused with NotImplementedError."""
     if cache_seqlens.device.type != "cuda":
         return lambda: check_cache_values(k_cache, cache_seqlens, block_table, capacity)
     if torch.cuda.is_current_stream_capturing():
@@ -411,21 +413,21 @@ def start_cache_value_check(
     if not tensors:
         return lambda: None
     device = cache_seqlens.device
-    side = _check_stream(device.index if device.index is not None else torch.cuda.current_device())
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for t in tensors:
-            t.record_stream(side)  # the caller's tensors stay allocated until the side stream is done
-        bounds = torch.stack([m.to(torch.int64) for t in tensors for m in torch.aminmax(t)])
-        host = torch.empty(bounds.shape, dtype=torch.int64, pin_memory=True)
-        host.copy_(bounds, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(side)
+    written = torch.cuda.Event()
+    written.record(torch.cuda.current_stream(device))
     limits = [(0, capacity)] + ([(0, k_cache.shape[0] - 1)] if block_table is not None else [])
     ranges = [lim for t, lim in zip((cache_seqlens, block_table), limits) if t is not None and t.numel()]
 
     def finish() -> None:
-        copied.synchronize()
+        side = _check_stream(device.index if device.index is not None else torch.cuda.current_device())
+        side.wait_event(written)
+        with torch.cuda.stream(side):
+            for t in tensors:
+                t.record_stream(side)  # the caller's tensors stay allocated until the side stream is done
+            bounds = torch.stack([m.to(torch.int64) for t in tensors for m in torch.aminmax(t)])
+            host = torch.empty(bounds.shape, dtype=torch.int64, pin_memory=True)
+            host.copy_(bounds, non_blocking=True)
+        side.synchronize()
         low, high = host[0::2].tolist(), host[1::2].tolist()
         if any(lo < a or hi > b for lo, hi, (a, b) in zip(low, high, ranges)):
             check_cache_values(k_cache, cache_seqlens, block_table, capacity)  # raises, with the message
