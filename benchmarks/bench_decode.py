@@ -150,5 +150,6 @@ def test_decode_bandwidth(decode_case: tuple[str, DecodeConfig], benchmark, benc
         ratios=ratios,
         timing=CLOCKS[device].protocol,
         launch=timed.launch,
+        gated=False if device == "cuda" and cfg.launch_bound else None,
     )
     benchmark.extra_info.update(row.extra_info())

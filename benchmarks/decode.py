@@ -24,7 +24,9 @@ tensors, q (B, Hq, 1, D) against k, v (B, Hkv, L, D): FlexAttention (compiled; i
 kernel serves short queries) and SDPA's flash and cuDNN backends (GQA through ``enable_gqa``).
 The issue's bar is the faster of the two SDPA ones (:func:`best_sdpa`). A row reading less than
 :data:`LAUNCH_BOUND_BYTES` is marked launch-bound in the table: its time, not its bandwidth, is
-what it shows.
+what it shows. On a GPU such a row is not gated (``Row.gated``): its time is mostly the host's
+latency, which moved by a third between two processes of the same code on the H200 (B = 8, 1k keys:
+7.8% and 11.7% of the copy bandwidth, session 30), more than the gate's tolerance.
 
 Planted slowdown (``FLASHPROP_BENCH_DECODE_PLANT=one-split``, :func:`planted_splits`): every
 row whose cache holds at least :data:`PLANT_FROM` keys per sequence calls the kernel with

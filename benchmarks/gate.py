@@ -129,6 +129,8 @@ def load_run(paths: list[Path]) -> tuple[Ratios, Timings, str]:
     for path in paths:
         for row in rows(json.loads(path.read_text())):
             devices.add(row.device or "cpu")
+            if row.gated is False:
+                continue
             if row.ratios and row.timing:
                 timings[row.kernel, row.config] = row.timing
             for anchor, ratio in row.ratios.items():

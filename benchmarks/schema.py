@@ -58,6 +58,8 @@ class Row:
         ratios: anchor name -> anchor seconds / this row's seconds, in the same run.
         timing: the timing protocol of ``median_s`` and ``ratios``.
         launch: what the kernel says it launched, per pass (e.g. the autotuner's tiles).
+        gated: ``False`` for a row the gate must not compare (its ratios are reported only): a
+            launch-bound decode row, whose time is mostly the host's latency.
         first_call: (bench_first_call) the first call at the row's shape: ``first_s`` (wall
             seconds: compilation, autotuning and the run), ``overhead_s`` (``first_s`` minus
             ``median_s``), ``compile_s`` and ``variants`` (Triton's compilations during it, when
@@ -94,6 +96,7 @@ class Row:
     ratios: dict[str, float] = field(default_factory=dict)
     timing: str | None = None
     launch: dict[str, str] | None = None
+    gated: bool | None = None
     first_call: dict[str, float | int | None] | None = None
     anchor_s: float | None = None
     examples_per_s: float | None = None

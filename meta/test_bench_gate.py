@@ -80,3 +80,18 @@ def test_rows_timed_under_another_protocol_are_not_compared(tmp_path, capsys):
     base.write_text(json.dumps(data))
     assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "g.json", {"x": 0.6}, "v3"))]) == 0
     assert json.loads(base.read_text())["entries"]["triton"]["x"] == {"sdpa-flash": 0.6}
+
+
+def test_rows_marked_ungated_are_neither_recorded_nor_compared(tmp_path):
+    """A launch-bound decode row (``gated: False``) may halve without failing the gate, and an
+    update does not put it in the baseline."""
+    base = tmp_path / "base.json"
+    assert bench_gate.main(["--update", str(base), str(_run(tmp_path / "a.json", {"x": 1.0, "y": 1.0}))]) == 0
+    halved = _run(tmp_path / "b.json", {"x": 1.0, "y": 0.5})
+    data = json.loads(halved.read_text())
+    data["benchmarks"][1]["extra_info"]["gated"] = False
+    halved.write_text(json.dumps(data))
+    assert bench_gate.main([str(base), str(halved)]) == 0
+    fresh = tmp_path / "fresh.json"
+    assert bench_gate.main(["--update", str(fresh), str(halved)]) == 0
+    assert _entries(fresh) == {"x": 1.0}
