@@ -550,7 +550,7 @@ def kvcache(
     ``check_variants`` (clear errors for malformed lengths, tables and splits).
     """
     _check_tensors(q, k_cache, v_cache, scale, block_m, block_n)
-    # shapes, dtypes and num_splits now; the values of the lengths and the table after the launch
+    # shapes, dtypes and num_splits now; the values of the lengths and the table beside the launch
     capacity = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, MAX_SPLITS,
                             values=False)
     b, nq, hq, d = q.shape
