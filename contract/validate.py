@@ -409,27 +409,27 @@ def start_cache_value_check(
             "a decode call checks cache_seqlens and block_table on the host, which a CUDA graph "
             "cannot capture"
         )
-    tensors = [t for t in (cache_seqlens, block_table) if t is not None and t.numel()]
-    if not tensors:
+    # each non-empty tensor with the range its values must lie in
+    ranges = ((cache_seqlens, (0, capacity)), (block_table, (0, k_cache.shape[0] - 1)))
+    checked = [(t, allowed) for t, allowed in ranges if t is not None and t.numel()]
+    if not checked:
         return lambda: None
     device = cache_seqlens.device
     written = torch.cuda.Event()
     written.record(torch.cuda.current_stream(device))
-    limits = [(0, capacity)] + ([(0, k_cache.shape[0] - 1)] if block_table is not None else [])
-    ranges = [lim for t, lim in zip((cache_seqlens, block_table), limits) if t is not None and t.numel()]
 
     def finish() -> None:
         side = _check_stream(device.index if device.index is not None else torch.cuda.current_device())
         side.wait_event(written)
         with torch.cuda.stream(side):
-            for t in tensors:
+            for t, _ in checked:
                 t.record_stream(side)  # the caller's tensors stay allocated until the side stream is done
-            bounds = torch.stack([m.to(torch.int64) for t in tensors for m in torch.aminmax(t)])
+            bounds = torch.stack([m.to(torch.int64) for t, _ in checked for m in torch.aminmax(t)])
             host = torch.empty(bounds.shape, dtype=torch.int64, pin_memory=True)
             host.copy_(bounds, non_blocking=True)
         side.synchronize()
         low, high = host[0::2].tolist(), host[1::2].tolist()
-        if any(lo < a or hi > b for lo, hi, (a, b) in zip(low, high, ranges)):
+        if any(lo < a or hi > b for lo, hi, (_, (a, b)) in zip(low, high, checked)):
             check_cache_values(k_cache, cache_seqlens, block_table, capacity)  # raises, with the message
 
     return finish
