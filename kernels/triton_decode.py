@@ -65,8 +65,8 @@ Conventions:
   queries are declared in the dense module's capabilities (``attention.capabilities.kvcache``):
   fewer pages and splits under the interpreter, whose CPU runs each program after the other.
 
-``num_splits=0`` chooses the split count (:func:`choose_splits`): enough programs to fill the GPU
-while each run keeps a few key tiles.
+``num_splits=0`` chooses the split count (:func:`choose_splits`): two programs per SM for a
+contiguous cache, six for a paged one (rounded down), while each run keeps a few key tiles.
 
 Stages of this file:
   1. the partial kernel: one program per (split x row tile, kv head, batch element)
@@ -341,10 +341,15 @@ _MAX_ROWS: int = 64
 #: Partials the combine kernel merges per step of its loop (4 under the interpreter, whose
 #: declared max_splits is 8: so CPU runs take the loop more than once too).
 _COMBINE_SPLITS: int = 4 if INTERPRET else 16
-#: The split heuristic: programs to aim for, in waves of one program per SM (a decode program is
-#: small: several are resident per SM, so two waves keep every SM streaming to the end), and
-#: the fewest key tiles a run keeps (below, the partial's fixed costs and the combine dominate).
-_WAVES: int = 2
+#: The split heuristic: resident programs to aim for per SM, for contiguous and for paged caches,
+#: and the fewest key tiles a run keeps (below, the partial's fixed costs and the combine
+#: dominate). Measured on the H200 (``ci/decode_tuning.py``, docs/results/2026-12-02-s31-h200.md):
+#: with B * Hkv * row tiles * splits programs, 256 on 132 SMs read 97-103% of the copy bandwidth
+#: from contiguous caches and 512 only 84-89% (a partial extra round of programs), so the count
+#: is rounded down; paged caches, whose page-table loads add a dependent latency to every tile,
+#: read most with about six programs per SM (B = 32: three splits, 91-100%, against 71-80% with
+#: two).
+_PROGRAMS_PER_SM: dict[bool, int] = {False: 2, True: 6}
 _MIN_TILES_PER_SPLIT: int = 4
 #: SMs the heuristic assumes without a GPU (the interpreter): an H200's, so the CPU runs choose
 #: the splits a GPU would choose for the same problem.
@@ -364,17 +369,18 @@ _SPECIALISE_MIN_KEYS: int = 2**13
 
 
 def choose_splits(batch: int, kv_heads: int, row_tiles: int, capacity: int, block_n: int,
-                  sms: int) -> int:
-    """The split count for ``num_splits=0``: enough programs (``batch * kv_heads * row_tiles *
-    splits``) for _WAVES waves of ``sms`` programs, but no more splits than leave each run
-    _MIN_TILES_PER_SPLIT key tiles of the capacity (the longest sequence the cache holds), and at
-    most MAX_SPLITS. At least 1.
+                  sms: int, paged: bool = False) -> int:
+    """The split count for ``num_splits=0``: the most splits whose programs (``batch * kv_heads *
+    row_tiles * splits``) stay within _PROGRAMS_PER_SM[paged] per SM of ``sms``, but no more splits
+    than leave each run _MIN_TILES_PER_SPLIT key tiles of the capacity (the longest sequence the
+    cache holds), and at most MAX_SPLITS. At least 1.
 
-    On an H200 (132 SMs), Hkv = 8: B = 1 takes 33 splits from 33 * 256 keys on (8.4k), fewer below;
-    B >= 33 takes 1 (the batch fills the GPU). It reads the capacity, not ``cache_seqlens``, so
-    choosing needs no device synchronisation; a sequence shorter than the capacity gets runs of
-    fewer tiles (its splits cut its own key range)."""
-    wanted = triton.cdiv(_WAVES * sms, max(1, batch * kv_heads * row_tiles))
+    On an H200 (132 SMs), Hkv = 8, one row tile: a contiguous cache takes 33 splits at B = 1 from
+    33 * 256 keys on (8.4k; fewer below), 4 at B = 8 and 1 from B = 32 on; a paged one 99, 12 and
+    3. It reads the capacity, not ``cache_seqlens``, so choosing needs no device
+    synchronisation; a sequence shorter than the capacity gets runs of fewer tiles (its splits
+    cut its own key range)."""
+    wanted = _PROGRAMS_PER_SM[paged] * sms // max(1, batch * kv_heads * row_tiles)
     room = max(1, capacity // (_MIN_TILES_PER_SPLIT * block_n))
     return max(1, min(MAX_SPLITS, wanted, room))
 
@@ -575,7 +581,7 @@ def kvcache(
     meta = partial_meta(d, dv, q.dtype, rows, paged=paged, combine=False, mods=mods,
                         block_m=block_m, block_n=block_n)
     row_tiles = triton.cdiv(rows, meta["BLOCK_M"])
-    splits = num_splits or choose_splits(b, hkv, row_tiles, capacity, meta["BLOCK_N"], _sms(q.device))
+    splits = num_splits or choose_splits(b, hkv, row_tiles, capacity, meta["BLOCK_N"], _sms(q.device), paged)
     meta["COMBINE"] = splits > 1
     partial, combine = _kernels(b * hkv * capacity, q.device)
     _LAST_LAUNCH["decode"] = (splits, row_tiles, meta["BLOCK_M"], meta["BLOCK_N"], meta["num_warps"],
