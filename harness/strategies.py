@@ -13,12 +13,18 @@ fill a tile are both drawn often.
 Every problem a property runs goes through the kernel's declaration (:func:`declared`): the
 drawn one, or the one the property makes of it (``derive=``), and those it derives and runs
 too (``related=``).
+
+The strategies that depend only on hashable arguments (:func:`edge_lengths`, the sequence
+lengths and head dims :func:`candidate_problems` draws) are built once per arguments, by
+``functools.lru_cache``: a strategy is immutable and draws the same values whether it is shared
+or new, and a shared one is not built and validated by Hypothesis again at every draw.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -162,6 +168,7 @@ def tile_edges(min_n: int, max_n: int, multiple: int = 1) -> dict[int, list[int]
     return edges
 
 
+@functools.lru_cache(maxsize=256)  # immutable strategies, built once per arguments
 def edge_lengths(min_n: int, max_n: int, multiple: int = 1) -> st.SearchStrategy[int] | None:
     """A length at a tile edge (:func:`tile_edges`): a tile width first, each as likely (so a
     multiple of 128, or one off it, is as likely as one of 16 where the bounds allow both),
@@ -172,6 +179,7 @@ def edge_lengths(min_n: int, max_n: int, multiple: int = 1) -> st.SearchStrategy
     return st.one_of(*(st.sampled_from(lengths) for lengths in edges.values()))
 
 
+@functools.lru_cache(maxsize=256)  # immutable strategies, built once per arguments
 def _seq_lens(max_n: int, min_n: int = 1, multiple: int = 1) -> st.SearchStrategy[int]:
     """Sequence lengths in ``min_n..max_n``, each branch as likely: small ones (1, small primes),
     tile edges (:func:`edge_lengths`) and any; only multiples of ``multiple`` when the kernel
@@ -186,7 +194,15 @@ def _seq_lens(max_n: int, min_n: int = 1, multiple: int = 1) -> st.SearchStrateg
     return st.one_of(*branches, st.integers(min_n, max_n))
 
 
-def _dims(allowed, max_d: int) -> st.SearchStrategy[int]:
+def _dims(allowed: Collection[int], max_d: int) -> st.SearchStrategy[int]:
+    """Head dims among ``allowed`` up to ``max_d``, each branch as likely: the favourites
+    (:data:`FAVOURITE_HEAD_DIMS`; any when none is allowed) and any."""
+    return _dims_of(tuple(allowed), max_d)
+
+
+@functools.lru_cache(maxsize=64)  # immutable strategies, built once per arguments
+def _dims_of(allowed: tuple[int, ...], max_d: int) -> st.SearchStrategy[int]:
+    """:func:`_dims` of ``allowed`` as a tuple (a cache key)."""
     fav = [d for d in FAVOURITE_HEAD_DIMS if d in allowed and d <= max_d]
     rest = sorted(d for d in allowed if d <= max_d)
     if not rest:

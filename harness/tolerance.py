@@ -136,14 +136,27 @@ def _safe_div(a: float, b: float) -> str:
     return f"{a / b:.3g}" if b > 0 else ("0" if a == 0 else "inf")
 
 
-def _finite_max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[float, tuple[int, ...] | None]:
+def _finite_abs_diff(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| where both are finite, 0 elsewhere."""
     both = torch.isfinite(a) & torch.isfinite(b)
-    diff = torch.where(both, (a - b).abs(), torch.zeros((), dtype=a.dtype, device=a.device))
-    if diff.numel() == 0:
-        return 0.0, None
-    flat = int(diff.argmax())
-    where = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), diff.shape))
-    return float(diff.reshape(-1)[flat]), where
+    return torch.where(both, (a - b).abs(), torch.zeros((), dtype=a.dtype, device=a.device))
+
+
+def _first_true(mask: torch.Tensor) -> torch.Tensor:
+    """The flat index of ``mask``'s first True entry (0 when there is none), on its device:
+    argmax returns the first of the maximal entries."""
+    return mask.reshape(-1).to(torch.uint8).argmax()
+
+
+def unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index in a tensor of ``shape`` of its row-major flat index ``flat``: what
+    ``torch.unravel_index`` gives, in plain integers (its first call imports sympy, a quarter of
+    a second on a CPU, seconds per process on a GPU machine)."""
+    where = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        where.append(i)
+    return tuple(reversed(where))
 
 
 @torch.no_grad()
@@ -233,8 +246,8 @@ def conditioning(problem: Problem) -> Conditioning:
 
 def finite_max_abs(t: torch.Tensor) -> float:
     """max|t| over its finite entries (0 when there is none)."""
-    finite = t.detach()[torch.isfinite(t.detach())]
-    return float(finite.abs().max()) if finite.numel() else 0.0
+    t = t.detach()
+    return float(torch.where(torch.isfinite(t), t.abs(), 0).amax()) if t.numel() else 0.0
 
 
 def budget(
@@ -271,28 +284,36 @@ def compare(
 
     ``magnitude`` is the tensor's natural magnitude for the floor (default: max|golden|);
     ``logit_size`` is the problem's L and ``values`` what the tensor averages (max|V| for o), the
-    floor's logit term (:func:`budget`, :func:`conditioning`); ``rounding`` the floor's FP8 term."""
+    floor's logit term (:func:`budget`, :func:`conditioning`); ``rounding`` the floor's FP8 term.
+    The errors are over the entries finite in both; a NaN where the golden has none, or an inf
+    where the other is not the same inf, fails outright and is where the failure points (its
+    first entry). The reductions stay on the tensors' device: two transfers to the host."""
     a = actual.detach().to(torch.float64)
     g = golden.detach().to(device=a.device, dtype=torch.float64)
     y = yardstick.detach().to(device=a.device, dtype=torch.float64)
     if a.shape != g.shape:
         return Comparison.outright(name, f"shape {tuple(a.shape)} != expected {tuple(g.shape)}")
-    if magnitude is None:
-        finite_g = g[torch.isfinite(g)]
-        magnitude = float(finite_g.abs().max()) if finite_g.numel() else 0.0
-    y_err, _ = _finite_max_abs_diff(y, g)
-    limit, floor = budget(name, dtype, y_err, magnitude, logit_size, values, rounding)
-    err, where = _finite_max_abs_diff(a, g)
+    largest = y_err = err = 0.0
+    where = act = exp = None
     reason = ""
-    bad_nan = torch.isnan(a) & ~torch.isnan(g)
-    inf_mismatch = (torch.isinf(a) | torch.isinf(g)) & (a != g)
-    if bad_nan.any():
-        where = tuple(int(i) for i in bad_nan.nonzero()[0])
-        reason = f"NaN in {int(bad_nan.sum())} elements where the golden is finite"
-    elif inf_mismatch.any():
-        where = tuple(int(i) for i in inf_mismatch.nonzero()[0])
-        reason = f"inf pattern differs from the golden in {int(inf_mismatch.sum())} elements"
+    if g.numel():
+        diff = _finite_abs_diff(a, g)
+        bad_nan = torch.isnan(a) & ~torch.isnan(g)
+        inf_mismatch = (torch.isinf(a) | torch.isinf(g)) & (a != g)
+        scalars = (_finite_abs(g).amax(), _finite_abs_diff(y, g).amax(), diff.amax(), bad_nan.sum(),
+                   inf_mismatch.sum(), diff.reshape(-1).argmax(), _first_true(bad_nan),
+                   _first_true(inf_mismatch))
+        found = torch.stack([t.to(torch.float64) for t in scalars]).tolist()
+        largest, y_err, err, nans, infs, at_max, at_nan, at_inf = found
+        if nans:
+            at, reason = at_nan, f"NaN in {int(nans)} elements where the golden is finite"
+        elif infs:
+            at, reason = at_inf, f"inf pattern differs from the golden in {int(infs)} elements"
+        else:
+            at = at_max
+        where = unravel(int(at), g.shape)
+        act, exp = torch.stack([a[where], g[where]]).tolist()
+    magnitude = largest if magnitude is None else magnitude
+    limit, floor = budget(name, dtype, y_err, magnitude, logit_size, values, rounding)
     ok = not reason and err <= limit
-    act = float(a[where]) if where is not None else None
-    exp = float(g[where]) if where is not None else None
     return Comparison(name, ok, err, where, act, exp, limit, y_err, floor, RATIO[name][dtype], reason)

@@ -30,6 +30,7 @@ break:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -67,10 +68,20 @@ def dropout_seeds() -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from((0, 2**32 - 1, 2**32, 2**64 - 1)), st.integers(0, 2**64 - 1))
 
 
+#: What :func:`_modifiers` draws a softcap, ALiBi's largest slope and a sink setting from
+#: (immutable strategies, built once).
+_SOFTCAP_VALUES = st.one_of(st.sampled_from(SOFTCAPS), st.floats(0.1, 100.0).map(lambda x: round(x, 3)))
+_ALIBI_SLOPES = st.sampled_from(ALIBI_MAX_SLOPES)
+_SINK_SETTINGS = st.sampled_from(sorted(SINKS))
+
+
+@functools.lru_cache(maxsize=1024)  # immutable strategies, built once per arguments
 def _window_side(n: int) -> st.SearchStrategy[int]:
+    """One side of a window over ``n`` keys: -1 (unbounded), 0, 1, 2, ``n``, beyond it, or any."""
     return st.one_of(st.sampled_from([-1, 0, 1, 2, n, n + 3]), st.integers(-1, max(n, 1)))
 
 
+@functools.lru_cache(maxsize=1024)  # immutable strategies, built once per arguments
 def _lengths(
     max_n: int, multiple: int = 1, min_n: int = 0, special: tuple[int, ...] = (0, 1, 2)
 ) -> st.SearchStrategy[int]:
@@ -85,6 +96,12 @@ def _lengths(
     special = tuple(n for n in special if min_n <= n <= max_n)
     branches = ([st.sampled_from(special)] if special else []) + ([edges] if edges is not None else [])
     return st.one_of(*branches, st.integers(min_n, max_n))
+
+
+@functools.lru_cache(maxsize=16)  # immutable strategies, built once per argument
+def _alibi_shapes(declared: frozenset[str]) -> st.SearchStrategy[str]:
+    """One of the ``declared`` ALiBi slope shapes."""
+    return st.sampled_from(sorted(declared))
 
 
 @st.composite
@@ -102,14 +119,11 @@ def _modifiers(
         if name == "window":
             changes["window"] = (draw(_window_side(n)), draw(_window_side(n)))
         elif name == "softcap":
-            changes["softcap"] = draw(
-                st.one_of(st.sampled_from(SOFTCAPS), st.floats(0.1, 100.0).map(lambda x: round(x, 3)))
-            )
+            changes["softcap"] = draw(_SOFTCAP_VALUES)
         elif name == "alibi":
-            shape = draw(st.sampled_from(sorted(caps.alibi)))
-            changes["alibi"] = (shape, draw(st.sampled_from(ALIBI_MAX_SLOPES)))
+            changes["alibi"] = (draw(_alibi_shapes(frozenset(caps.alibi))), draw(_ALIBI_SLOPES))
         else:
-            changes["sinks"] = draw(st.sampled_from(sorted(SINKS)))
+            changes["sinks"] = draw(_SINK_SETTINGS)
     return p.replace(**changes)
 
 

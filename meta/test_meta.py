@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
+import math
 import subprocess
 import sys
 import textwrap
@@ -43,7 +45,7 @@ from flashprop.harness.known_failures import KnownFailure, mark, parse
 from flashprop.harness.report import Tallies
 from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes, problems, undeclared_problems
-from flashprop.harness.tolerance import compare
+from flashprop.harness.tolerance import RATIO, Comparison, budget, compare
 from flashprop.kernels.sdpa import sdpa_flash
 from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention as blocked_attention
@@ -273,6 +275,55 @@ def test_tolerance_flags_finite_lse_on_empty_rows():
     wrong[..., 0] = 0.0
     assert compare("lse", golden.lse, golden.lse, yard.lse, p.dtype).ok
     assert not compare("lse", wrong, golden.lse, yard.lse, p.dtype).ok
+
+
+#: Entries that test compare()'s edges: ties, signed zeros, overflowing differences, non-finite.
+EDGE_VALUES = (0.0, -0.0, 1.0, -1.0, 1e308, -1e308, float("inf"), float("-inf"), float("nan"))
+
+
+def _plain_compare(name: str, a: torch.Tensor, g: torch.Tensor, y: torch.Tensor, dtype: torch.dtype,
+                   magnitude: float | None) -> Comparison:
+    """compare() by its definition (``docs/tolerance.md``), entry by entry in row-major order: the
+    errors over the entries finite in both (the first largest), magnitude max|golden| over its
+    finite entries, and the first NaN where the golden has none, else the first inf that differs,
+    failing outright and pointed at."""
+    cells = list(itertools.product(*map(range, g.shape)))
+    av, gv, yv = ({i: float(t[i]) for i in cells} for t in (a, g, y))
+
+    def diffs(u: dict) -> list[float]:
+        return [abs(u[i] - gv[i]) if math.isfinite(u[i]) and math.isfinite(gv[i]) else 0.0 for i in cells]
+
+    d = diffs(av)
+    err, y_err = max(d, default=0.0), max(diffs(yv), default=0.0)
+    if magnitude is None:
+        magnitude = max((abs(x) for x in gv.values() if math.isfinite(x)), default=0.0)
+    nan = [i for i in cells if math.isnan(av[i]) and not math.isnan(gv[i])]
+    inf = [i for i in cells if (math.isinf(av[i]) or math.isinf(gv[i])) and av[i] != gv[i]]
+    reason = (f"NaN in {len(nan)} elements where the golden is finite" if nan else
+              f"inf pattern differs from the golden in {len(inf)} elements" if inf else "")
+    where = (nan or inf or [cells[d.index(err)]])[0] if cells else None
+    limit, floor = budget(name, dtype, y_err, magnitude)
+    act, exp = (None, None) if where is None else (av[where], gv[where])
+    return Comparison(name, not reason and err <= limit, err, where, act, exp, limit, y_err, floor,
+                      RATIO[name][dtype], reason)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.integers(0, 3), max_size=3), st.data())
+def test_compare_is_its_definition(shape: list[int], data: st.DataObject):
+    """compare()'s verdict, error, location, values there, budget and reason are those of its plain
+    definition, on every shape (0-d and empty ones too), NaN and inf anywhere, ties and a
+    non-contiguous kernel output."""
+    n = math.prod(shape)
+    values = st.lists(st.one_of(st.sampled_from(EDGE_VALUES), st.floats(-3, 3)), min_size=n, max_size=n)
+    g, y, a = (torch.tensor(data.draw(values), dtype=F64).reshape(shape) for _ in range(3))
+    if len(shape) >= 2 and data.draw(st.booleans()):
+        a = a.mT.contiguous().mT
+    a = a.to(data.draw(st.sampled_from((F64, torch.float32))))
+    dtype = data.draw(st.sampled_from((torch.float16, F64)))
+    magnitude = data.draw(st.one_of(st.none(), st.floats(0, 10)))
+    want = _plain_compare("o", a.to(F64), g, y, dtype, magnitude)
+    assert repr(compare("o", a, g, y, dtype, magnitude)) == repr(want)
 
 
 # --------------------------------------------------------------------------- registry

@@ -244,17 +244,22 @@ def attention_golden_backward(
     dropout_p: float = 0.0,
     dropout_seed: int | None = None,
     dropout_mask: torch.Tensor | None = None,
+    forward: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Float64 gradients ``(dq, dk, dv)``, and ``dsinks`` (Hq,) after them when ``sinks`` is
     given, for upstream gradient ``do`` of the output ``o``; with ``bounds`` followed by the same
-    number of bounds computed from absolute values."""
+    number of bounds computed from absolute values. ``forward``: the golden ``(o, lse)`` of the
+    same call (:func:`attention_golden` with these arguments), when the caller has it, so that
+    it is not computed again; computed here otherwise."""
     hq, group = check_dense(q, k, v)
     scale = default_scale(q.shape[-1], scale)
-    variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                   dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_mask=dropout_mask)
-    o, lse = attention_golden(
-        q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant
-    )
+    if forward is None:
+        variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
+                       dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_mask=dropout_mask)
+        forward = attention_golden(
+            q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant
+        )
+    o, lse = forward
     mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
     weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
     q64, do64 = q.to(torch.float64), do.to(torch.float64)
