@@ -31,7 +31,7 @@ from .check import (
     yardstick_precision,
 )
 from .symptoms import Relation
-from .tolerance import Conditioning, budget
+from .tolerance import Conditioning, budget, unravel
 
 #: Forward tensors the metamorphic properties compare.
 FORWARD = ("o", "lse")
@@ -124,7 +124,7 @@ def disagreement(name: str, a: torch.Tensor, b: torch.Tensor, limit: float) -> R
     err = _max_finite_diff(a, b)
     if err > limit:
         diff = torch.where(torch.isfinite(a), (a - b).abs(), 0.0)
-        at = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+        at = unravel(int(diff.argmax()), diff.shape)
         return Relation(name, "off", f"{name}: max|a - b| = {err:.3e} at {at} ({float(a[at]):.6g} vs "
                         f"{float(b[at]):.6g}) > budget {limit:.3e} (sum of both runs' tolerance-model "
                         "budgets)")

@@ -61,7 +61,7 @@ from flashprop.harness.check import (
     run_property,
 )
 from flashprop.harness.strategies import Sizes
-from flashprop.harness.tolerance import budget
+from flashprop.harness.tolerance import budget, unravel
 from flashprop.harness.variant_problems import DROPOUT_PS, variant_problems
 from flashprop.properties.test_determinism import _bitwise_differences
 from flashprop.properties.test_gradcheck import _tiny
@@ -335,7 +335,7 @@ def test_dropout_mean_converges_to_the_golden(run, kernel, device, sizes):
         if not bool(torch.isfinite(mean).all()):
             details.append(f"the mean of o over {seeds} is not finite")
         elif bool((excess > 0).any()):
-            at = tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+            at = unravel(int(excess.argmax()), excess.shape)
             details.append(
                 f"the mean of o over {seeds} is {float(mean[at]):.6g} at {at}, the golden without dropout "
                 f"{float(golden[at]):.6g}: |difference| {float(deviation.abs()[at]):.3e} > bound "
