@@ -305,9 +305,8 @@ def references_with(
     names = gradient_names(problem)
     if backward:
         q, k, v, *rest = inp.args
-        # the dense golden backward takes the forward just computed instead of computing it again
-        reuse = {"forward": (o, lse)} if problem.mode == "dense" else {}
-        found = golden_bwd(q, k, v, problem.grad_output(), *rest, bounds=True, **kw, **reuse)
+        # the golden backward takes the forward just computed instead of computing it again
+        found = golden_bwd(q, k, v, problem.grad_output(), *rest, bounds=True, forward=(o, lse), **kw)
         for name, t in zip(names, found[: len(names)], strict=True):
             setattr(golden, name, t)
         golden.bounds = {

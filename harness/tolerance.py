@@ -246,8 +246,7 @@ def conditioning(problem: Problem) -> Conditioning:
 
 def finite_max_abs(t: torch.Tensor) -> float:
     """max|t| over its finite entries (0 when there is none)."""
-    t = t.detach()
-    return float(torch.where(torch.isfinite(t), t.abs(), 0).amax()) if t.numel() else 0.0
+    return float(_finite_abs(t).amax()) if t.numel() else 0.0
 
 
 def budget(

@@ -21,7 +21,7 @@ from flashprop.contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.contract.variants import MODIFIERS, TABLE, Variant
-from flashprop.harness.check import PropertyFailure, gradient_names, references_with
+from flashprop.harness.check import REFERENCES, PropertyFailure, gradient_names, references_with
 from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes
 from flashprop.harness.tolerance import budget, conditioning
@@ -133,15 +133,19 @@ def test_dense_variant_golden_equals_definition(p: Problem):
 
 
 @settings(max_examples=25)
-@given(st.sampled_from((*MODIFIERS, "dropout")).flatmap(
-    lambda v: variant_problems(EVERYTHING, v, sizes=SIZES, mode="dense", backward=True)))
+@given(st.one_of(
+    st.sampled_from((*MODIFIERS, "dropout")).flatmap(
+        lambda v: variant_problems(EVERYTHING, v, sizes=SIZES, mode="dense", backward=True)),
+    variant_problems(EVERYTHING, "varlen", sizes=SIZES, backward=True)))
 def test_references_golden_backward_is_the_plain_call(p: Problem):
     """The golden gradients and bounds of ``harness.check.references`` (which hands the golden
-    backward the forward it has just computed) are exactly those of the golden backward alone."""
+    backward, dense or varlen, the forward it has just computed) are exactly those of the golden
+    backward alone."""
     golden, _ = references_with(p, "bottom-right", False, True)
     inp = p.kernel_inputs()
-    alone = attention_golden_backward(*inp.args, p.grad_output(), causal=p.causal, scale=p.scale,
-                                      bounds=True, **inp.kwargs)
+    q, k, v, *rest = inp.args
+    alone = REFERENCES[p.mode][1](q, k, v, p.grad_output(), *rest, causal=p.causal, scale=p.scale,
+                                  bounds=True, **inp.kwargs)
     names = gradient_names(p)
     for name, t in zip(names, alone[: len(names)], strict=True):
         assert torch.equal(getattr(golden, name), t), name

@@ -86,16 +86,20 @@ def varlen_rounding_bound(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None
 
 
 def varlen_golden_backward(
-    q, k, v, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, bounds=False, **kw
+    q, k, v, do, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, *, bounds=False,
+    forward=None, **kw
 ) -> tuple[torch.Tensor, ...]:
     """Float64 packed ``(dq, dk, dv)`` (and ``dsinks`` summed over sequences), then with
-    ``bounds`` their absolute-value bounds, as :func:`refimpl.attention_golden_backward`."""
+    ``bounds`` their absolute-value bounds, as :func:`refimpl.attention_golden_backward`.
+    ``forward``: the packed golden ``(o, lse)`` of the same call (:func:`varlen_golden`), handed
+    to each sequence's backward so that it is not computed again."""
     parts: list[tuple[torch.Tensor, ...]] = []
     for s, (sq, sk) in enumerate(sequence_slices(cu_seqlens_q, cu_seqlens_k)):
         qs, ks = _bhnd(q[sq]), _bhnd(k[sk])
+        own = {} if forward is None else {"forward": (_bhnd(forward[0][sq]), forward[1][None, :, sq])}
         g = attention_golden_backward(
             qs, ks, _bhnd(v[sk]), _bhnd(do[sq]), bounds=bounds,
-            **sequence_dropout(sequence_kwargs(kw, s), s, qs, ks),
+            **sequence_dropout(sequence_kwargs(kw, s), s, qs, ks), **own,
         )
         parts.append(g)
     n = len(parts[0]) // (2 if bounds else 1)
