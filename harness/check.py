@@ -36,6 +36,7 @@ from ..refimpl import attention_golden, attention_golden_backward, attention_yar
 from ..refimpl.golden import attention_rounding_bound
 from ..refimpl.layouts import (
     kvcache_golden,
+    kvcache_rounding_bound,
     kvcache_yardstick,
     varlen_golden,
     varlen_golden_backward,
@@ -57,9 +58,10 @@ REFERENCES = {
     "varlen": (varlen_golden, varlen_golden_backward, varlen_yardstick),
     "kvcache": (kvcache_golden, None, kvcache_yardstick),
 }
-#: Per entry point with FP8 q, k, v: the golden's bound of the rounding of P the contract allows
-#: (``harness.tolerance``: o's floor).
-ROUNDING = {"dense": attention_rounding_bound, "varlen": varlen_rounding_bound}
+#: Per entry point: the golden's bound of the rounding of P the contract allows (with FP8 q, k, v:
+#: o's floor, ``harness.tolerance``; with ``p_dtype``: the precision property's P term).
+ROUNDING = {"dense": attention_rounding_bound, "varlen": varlen_rounding_bound,
+            "kvcache": kvcache_rounding_bound}
 #: Gradient names, in the order the golden backward returns them.
 GRADIENTS = ("dq", "dk", "dv", "dsinks")
 

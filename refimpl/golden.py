@@ -141,9 +141,12 @@ def attention_rounding_bound(
     q_descale: torch.Tensor | None = None,
     k_descale: torch.Tensor | None = None,
     v_descale: torch.Tensor | None = None,
+    p_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The most rounding the probabilities to FP8 may move o (``docs/variants.md``), in o's place
-    (B, Hq, Nq, Dv), float64, with the golden's lse after it (the layouts lift it as the golden).
+    """The most rounding the probabilities to ``p_dtype`` may move o (``docs/variants.md``), in
+    o's place (B, Hq, Nq, Dv), float64, with the golden's lse after it (the layouts lift it as
+    the golden). ``p_dtype`` defaults to V's format when q and v are FP8, else to none (a zero
+    bound); the precision property passes q's 16-bit dtype, the P V operand FlashAttention uses.
 
     The contract lets a kernel with FP8 q, k, v round each probability it multiplies V by,
     ``x_ij = exp(s_ij - m)`` with m its running max (so ``x <= 1``), possibly times a power of
@@ -157,9 +160,10 @@ def attention_rounding_bound(
 
         |o_kernel - o|_bhid  <=  u / l_i * sum_j max(e_ij, t) |v_jd|      (keys j that i sees, s_ij < m_i)
 
-    Zero unless q and v are FP8 (decode reads its FP8 cache in q's 16-bit dtype: no FP8 rounding
-    of P). Streams over key chunks, twice (m_i and l_i first)."""
-    fmt = v.dtype if is_fp8(q) and is_fp8(v) else None
+    The same holds for 16-bit inputs whose P is rounded to fp16/bf16 (t: fp16's or bf16's
+    smallest normal). Zero when no ``p_dtype`` applies (decode reads its FP8 cache in q's 16-bit
+    dtype: no FP8 rounding of P). Streams over key chunks, twice (m_i and l_i first)."""
+    fmt = p_dtype if p_dtype is not None else v.dtype if is_fp8(q) and is_fp8(v) else None
     q, k, v = dequantised(q, k, v, q_descale, k_descale, v_descale)
     _, group = check_dense(q, k, v)
     q64 = q.to(torch.float64)

@@ -155,6 +155,11 @@ def kvcache_golden(q, k_cache, v_cache, **kw):
     return kvcache_apply(attention_golden, q, k_cache, v_cache, **kw)
 
 
+def kvcache_rounding_bound(q, k_cache, v_cache, **kw):
+    """Decode :func:`refimpl.golden.attention_rounding_bound` on the gathered cache: (B, Nq, Hq, Dv), lse."""
+    return kvcache_apply(attention_rounding_bound, q, k_cache, v_cache, **kw)
+
+
 def kvcache_yardstick(q, k_cache, v_cache, **kw):
     """Decode ``(o, lse)`` in the input dtype: the yardstick on the gathered cache."""
     return kvcache_apply(attention_yardstick, q, k_cache, v_cache, **kw)
