@@ -111,7 +111,7 @@ def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
     if hq % hkv != 0:
         raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv} (GQA)")
     _check_launch(q, k, v, b * hq, scale, block_m, block_n)
-    return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n)
+    return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n, matrices=b * hq)
 
 
 def _check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
@@ -132,7 +132,8 @@ def _check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
         raise NotImplementedError(f"max_seqlen_q={max_seqlen_q}, max_seqlen_k={max_seqlen_k}: "
                                   "sequences longer than 2^31 - 1 tokens are not supported")
     _check_launch(q, k, v, count * hq, scale, block_m, block_n)
-    return count, resolve_tiles(max_seqlen_q, max_seqlen_k, d, dv, q.dtype, block_m, block_n)
+    return count, resolve_tiles(max_seqlen_q, max_seqlen_k, d, dv, q.dtype, block_m, block_n,
+                                matrices=count * hq)
 
 
 def _check_tensors(q: Tensor, k: Tensor, v: Tensor, layout: str) -> None:
@@ -430,8 +431,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), any strides, Hq % Hkv == 0.
     ``causal`` is bottom-right aligned; ``scale`` defaults to 1/sqrt(D). ``block_m`` /
     ``block_n`` pick the query / key tile sizes (one of 16, 32, 64, 128); left out, a GPU
-    autotunes them (16-bit inputs with Nq * Nk >= 512^2; fixed tiles otherwise) and the
-    interpreter uses 32 x 32. o has q's dtype and shape (..., Dv); lse is
+    autotunes them (16-bit inputs with Nq * Nk >= 512^2, or B * Hq * Nq * Nk >= 2^26; fixed tiles
+    otherwise) and the interpreter uses 32 x 32. o has q's dtype and shape (..., Dv); lse is
     (B, Hq, Nq) in fp32 (fp64 for fp64 inputs), natural log, -inf on rows that see no key.
     Differentiable in q, k, v and ``sinks`` (deterministic backward, no atomics).
 

@@ -15,9 +15,9 @@ In order:
   descriptors (:func:`_tma_ready`, :func:`_tma_descriptors`), :func:`_launch` and what
   :func:`last_launch` reports of it.
 
-On a GPU, 16-bit problems of at least 512^2 scores without explicit tiles are autotuned; the
-others take fixed tiles. Under the interpreter (``INTERPRET``) every launch takes explicit tiles,
-32 x 32 unless given.
+On a GPU, 16-bit problems of at least 512^2 scores per matrix, or 2^26 in all, without explicit
+tiles are autotuned; the others take fixed tiles. Under the interpreter (``INTERPRET``) every
+launch takes explicit tiles, 32 x 32 unless given.
 """
 
 import inspect
@@ -59,11 +59,17 @@ _SMEM_REASON = (
 )
 #: CUDA's limit on the second grid axis, which carries batch * heads.
 _MAX_GRID_Y: int = 65535
-#: On a GPU, 16-bit problems with at least this many scores (Nq * Nk) are autotuned; smaller
-#: ones, and fp32/fp64 (FMA-unit dots, where small tiles are the answer anyway), take fixed
-#: tiles: autotuning compiles ~20 kernels per (padded D, Dv, dtype, causal) key, which pays only on
-#: big problems and would dominate a property suite's many small, varied ones.
+#: On a GPU, 16-bit problems with at least this many scores per score matrix (Nq * Nk), or at
+#: least _AUTOTUNE_MIN_TOTAL_SCORES in all its B x Hq matrices, are autotuned; smaller ones, and
+#: fp32/fp64 (FMA-unit dots, where small tiles are the answer anyway), take fixed tiles:
+#: autotuning compiles ~20 kernels per (padded D, Dv, dtype, causal) key, which pays only on big
+#: problems and would dominate a property suite's many small, varied ones.
 _AUTOTUNE_MIN_SCORES: int = 512 * 512
+#: The total: a batch of many short sequences is big work too (the varlen rows' dense anchor,
+#: B = 52, Hq = 16, N = 315: 8.3e7 scores, had taken the fixed tiles, its backward at a tenth of
+#: the varlen kernel's speed); the suite's problems stay far below it (B, H <= 8, N <= a few
+#: hundred: under 3e6).
+_AUTOTUNE_MIN_TOTAL_SCORES: int = 2**26
 #: Sequences at least this long are tuned apart from shorter ones (``SEQ_CLASS``, an autotuning
 #: key that the kernels do not otherwise use). With one key per head dim the first problem seen
 #: (in the benchmark grid: N = 512) picked the tiles for every N, and the causal forward at
@@ -284,13 +290,16 @@ Tiles = tuple[int, int] | None  # (BLOCK_M, BLOCK_N), or None for the autotuner
 
 
 def resolve_tiles(nq: int, nk: int, d: int, dv: int, dtype: torch.dtype,
-                  block_m: int | None, block_n: int | None) -> Tiles:
-    """The tiles a launch of an (Nq, Nk, D, Dv, dtype) problem uses: the autotuner's (None) for
-    large 16-bit and FP8 problems without explicit tiles on a GPU, fixed ones for other problems
-    without, else the explicit ones (a missing one defaults), refused with NotImplementedError
-    when they overflow shared memory. The same (BLOCK_M, BLOCK_N) serve every tiled pass."""
+                  block_m: int | None, block_n: int | None, matrices: int = 1) -> Tiles:
+    """The tiles a launch of ``matrices`` (Nq, Nk, D, Dv, dtype) score matrices uses: the
+    autotuner's (None) for large 16-bit and FP8 problems without explicit tiles on a GPU, fixed
+    ones for other problems without, else the explicit ones (a missing one defaults), refused
+    with NotImplementedError when they overflow shared memory. The same (BLOCK_M, BLOCK_N)
+    serve every tiled pass."""
     if block_m is None and block_n is None and not INTERPRET:
-        if dtype.itemsize <= 2 and nq * nk >= _AUTOTUNE_MIN_SCORES:
+        scores = nq * nk
+        if dtype.itemsize <= 2 and (scores >= _AUTOTUNE_MIN_SCORES
+                                    or matrices * scores >= _AUTOTUNE_MIN_TOTAL_SCORES):
             return None
         return _fixed_tiles(d, dv, dtype)
     tiles = (block_m or _DEFAULT_TILE, block_n or _DEFAULT_TILE)
