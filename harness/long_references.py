@@ -128,7 +128,7 @@ def golden_on_device(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torc
         golden.conditioning = Conditioning.of(q, k, v, effective, chunk)
     if do is not None:
         with peak_bytes(q.device, peaks):
-            found = attention_golden_backward(q, k, v, do, bounds=True, **kw)
+            found = attention_golden_backward(q, k, v, do, bounds=True, forward=(golden.o, golden.lse), **kw)
         golden.dq, golden.dk, golden.dv = found[:3]
         golden.bounds = {n: float(t.abs().max()) if t.numel() else 0.0
                          for n, t in zip(("dq", "dk", "dv"), found[3:], strict=True)}
