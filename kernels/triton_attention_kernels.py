@@ -411,27 +411,13 @@ def _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI: tl.constexpr
 
 
 @triton.jit
-def _program_tile(CAUSAL: tl.constexpr, VARLEN: tl.constexpr, QUERY_TILES: tl.constexpr):
-    """(tile index, batch * head row) of this program, on a grid (tiles, rows) that the GPU
-    starts in program order, tile index fastest. Causal: the heaviest tiles run first, so that
-    the lightest fill the GPU's last wave: query tiles (``QUERY_TILES``) from the last (it sees
-    the most keys), key tiles from the first (the most queries see it). A causal pack (VARLEN)
-    is read tile-major as well: programs 0 .. rows - 1 take the heaviest tile of every row,
-    the next ``rows`` the next heaviest, and so on, so the heaviest tiles of the whole pack (its
-    longest sequences') run first, not only each row's; dense rows keep their tiles together,
-    which keeps a row's K and V in L2."""
-    tile = tl.program_id(0)
-    row = tl.program_id(1)
+def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
+    """First query row of this program's tile. Causal: programs run the last query tiles (the
+    ones that see the most keys) first, so the lightest tiles fill the GPU's last wave."""
+    pid = tl.program_id(0)
     if CAUSAL:
-        tiles = tl.num_programs(0)
-        if VARLEN:
-            rows = tl.num_programs(1)
-            order = row.to(tl.int64) * tiles + tile
-            tile = (order // rows).to(tl.int32)
-            row = (order % rows).to(tl.int32)
-        if QUERY_TILES:
-            tile = tiles - 1 - tile
-    return tile, row
+        pid = tl.num_programs(0) - 1 - pid
+    return pid * BLOCK_M
 
 
 @triton.jit
@@ -655,8 +641,8 @@ def _attn_fwd(
     (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid:
     (cdiv(max_seqlen_q, BLOCK_M), sequences*Hq); tiles past a sequence's queries exit.
     """
-    tile, off_bh = _program_tile(CAUSAL, VARLEN, True)
-    start_m = tile * BLOCK_M
+    start_m = _query_tile_start(BLOCK_M, CAUSAL)
+    off_bh = tl.program_id(1)
     n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's, below)
     if TMA:  # descriptor coordinates are int32; descriptors hold their own strides
         off_b = off_bh // H_Q
@@ -897,8 +883,8 @@ def _attn_bwd_dkdv(
 
     VARLEN: sequence off_b of a pack, as :func:`_attn_fwd` takes it (LSE2, DELTA (Hq, Tq));
     grid (cdiv(max_seqlen_k, BLOCK_N), sequences*Hkv), tiles past the sequence's keys exit."""
-    tile, off_bh = _program_tile(CAUSAL, VARLEN, False)
-    start_n = tile * BLOCK_N
+    start_n = tl.program_id(0) * BLOCK_N
+    off_bh = tl.program_id(1)
     off_b = (off_bh // H_KV).to(tl.int64)
     off_hkv = (off_bh % H_KV).to(tl.int64)
     n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
@@ -1071,8 +1057,8 @@ def _attn_bwd_dq(
     """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
     (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_bwd_dkdv`'s.
     Grid: (cdiv(Nq, BLOCK_M), B*Hq); VARLEN: as :func:`_attn_fwd`'s (LSE2, DELTA (Hq, Tq))."""
-    tile, off_bh = _program_tile(CAUSAL, VARLEN, True)
-    start_m = tile * BLOCK_M
+    start_m = _query_tile_start(BLOCK_M, CAUSAL)
+    off_bh = tl.program_id(1)
     off_b = (off_bh // H_Q).to(tl.int64)
     off_h = (off_bh % H_Q).to(tl.int64)
     off_hkv = off_h // GROUP
