@@ -46,18 +46,21 @@ from triton.compiler import ASTSource
 TARGET = GPUTarget("cuda", 90, 32)
 #: Pointer parameters of the kernels; the fp32 ones hold lse, Delta and dlse.
 POINTERS = {"Q", "K", "V", "Out", "LSE", "DO", "DQ", "DK", "DV", "LSE2", "DELTA", "DLSE", "Slopes", "Sinks",
-            "Descale", "Table", "Lengths", "OPart", "LSEPart"}
+            "Descale", "Scales", "Table", "Lengths", "OPart", "LSEPart"}
 FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
-#: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md); FP8's descales.
-ALWAYS_FP32_POINTERS = {"Slopes", "Sinks", "Descale"}
+#: The variants' tensors: float32 whatever the inputs' dtype (docs/variants.md); FP8's descales
+#: and an FP8 cache's scales.
+ALWAYS_FP32_POINTERS = {"Slopes", "Sinks", "Descale", "Scales"}
 #: The int32 index tensors: a varlen launch's cu_seqlens, the decode kernels' block table and
 #: cache lengths.
 INDEX_POINTERS = {"CuSeqQ", "CuSeqK", "Table", "Lengths"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2", "drop_scale"}
 #: The dropout's seed words and threshold (annotated int64 in the kernels).
 INT64_SCALARS = {"seed_lo", "seed_hi", "drop_threshold"}
-#: FP8 inputs (q, k, v) of the forward; its o is bf16.
+#: FP8 inputs (q, k, v) of the forward, whose o is bf16; of decode with an FP8 cache (FP8_CACHE),
+#: the cache alone (q and o bf16).
 FP8_INPUTS = {"Q", "K", "V"}
+FP8_CACHE_INPUTS = {"K", "V"}
 WINDOW_SIDES = {"win_left", "win_right"}
 DTYPE = torch.bfloat16
 
@@ -79,8 +82,9 @@ def _signature(fn, constants: dict, pointer: str = "bf16") -> dict[str, str]:
     out = {}
     boxes = _boxes(constants)
     fp8 = pointer.startswith("fp8")
+    fp8_names = FP8_CACHE_INPUTS if constants.get("FP8_CACHE") else FP8_INPUTS
     for name in fn.arg_names:
-        element = pointer if not fp8 or name in FP8_INPUTS else "bf16"
+        element = pointer if not fp8 or name in fp8_names else "bf16"
         if name in constants:
             out[name] = "constexpr"
         elif name in boxes:
@@ -274,7 +278,8 @@ def decode_cases() -> list[tuple]:
     contiguous cache, with and without a combine after it, in bf16 (D = 128, the benchmarks'
     specialised kernel too), fp16 (D = 200: masked head dims; causal), softcap and ALiBi alone
     (the score branch without the other) and every variant on (fp16 and fp64; with no combine the
-    sinks enter the partial, with one the combine), and the combine in bf16 and fp64."""
+    sinks enter the partial, with one the combine), an FP8 cache in each format with bf16 q, and
+    the combine in bf16 and fp64."""
     from flashprop.kernels import triton_decode as td
 
     window, slopes, sinks = (8, 0), torch.empty(1), torch.empty(1)
@@ -298,6 +303,13 @@ def decode_cases() -> list[tuple]:
         if label == "paged, combine":  # the kernel the benchmarks launch (large caches)
             cases.append((f"decode partial d={d} {pointer} {label}, specialised", td._decode_partial, meta,
                           options, True, pointer))
+    for pointer, label, mods in (("fp8e4nv", "paged, combine", plain), ("fp8e5", "contiguous, all variants",
+                                                                         variants)):
+        meta = td.partial_meta(128, 128, torch.bfloat16, 32, paged=label.startswith("paged"), combine=True,
+                               mods=mods, fp8_cache=True)
+        options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}
+        cases.append((f"decode partial d=128 {pointer} cache, bf16 q, {label}, unspecialised",
+                      td.PARTIAL_PLAIN, meta, options, False, pointer))
     for dtype in (torch.bfloat16, torch.float64):
         meta = td.combine_meta(128, dtype, 64, sinks=True)
         options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from flashprop.contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache, Limit
-from flashprop.contract.fp8 import DESCALE_SHAPES, FORMATS, FP8_DTYPES, OUTPUT_DTYPE
+from flashprop.contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS, FP8_DTYPES, OUTPUT_DTYPE
 from flashprop.contract.problem import Problem
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
@@ -537,9 +537,10 @@ def dropout_mask(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, dropout_s
 _MASK_TILE = 32
 
 
-#: FP8 inputs of both entry points (forward only), in either format, every descale shape; no FP8
-#: KV cache in decode.
-_FP8 = FP8(formats=frozenset(FORMATS), descales=frozenset(DESCALE_SHAPES))
+#: FP8 inputs of both entry points (forward only), in either format, every descale shape; an FP8
+#: KV cache in decode (kernels/triton_decode.py), in either format, per-tensor and per-head scales.
+_FP8 = FP8(formats=frozenset(FORMATS), descales=frozenset(DESCALE_SHAPES),
+           cache_scales=frozenset(CACHE_SCALE_SHAPES))
 #: The variants both entry points take, forward and backward, in every combination with causal,
 #: GQA, Dv != D and the declared dtypes; varlen (``attention.varlen``) in any combination with
 #: them; KV-cache decode (``attention.kvcache``, forward only: kernels/triton_decode.py) too.
@@ -576,9 +577,10 @@ def _capabilities() -> Capabilities:
     """What ``attention`` declares, chosen at import: under the interpreter CPU tensors in fp16,
     fp32, fp64; compiled, CUDA tensors in all four dtypes; neither (no GPU, no interpreter):
     no device at all. The variants (:data:`_VARIANTS`) everywhere."""
-    bf16_on_cpu = Limit(  # FP8 problems' dtype is o's, bfloat16: their dots are FP8
-        reason=_BF16_INTERPRETER_REASON,
-        applies=lambda p: p.device == "cpu" and p.dtype == torch.bfloat16 and p.fp8 is None,
+    bf16_on_cpu = Limit(  # FP8 inputs' dtype is o's, bfloat16: their dots are FP8; an FP8
+        reason=_BF16_INTERPRETER_REASON,  # cache's is q's, in whose dtype its dots run
+        applies=lambda p: p.device == "cpu" and p.dtype == torch.bfloat16 and (p.fp8 is None or
+                                                                              p.mode == "kvcache"),
     )
     if INTERPRET:
         dtypes = frozenset({torch.float16, torch.float32, torch.float64})

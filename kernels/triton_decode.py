@@ -64,6 +64,10 @@ Conventions:
   the dense kernel's; bf16 is refused under the interpreter as there. The page sizes, splits and
   queries are declared in the dense module's capabilities (``attention.capabilities.kvcache``):
   fewer pages and splits under the interpreter, whose CPU runs each program after the other.
+* An FP8 cache (``docs/variants.md``: float8_e4m3fn or float8_e5m2 k_cache and v_cache, fp16 or
+  bf16 q, float32 ``k_scale`` and ``v_scale`` of shape () or (Hkv,)): s_j = scale * k_scale *
+  q_i . k8_j and o = v_scale * sum_j p_j v8_j, each tile upcast exactly to q's dtype in
+  registers, so the cache is read in one byte per value; o in q's dtype.
 
 ``num_splits=0`` chooses the split count (:func:`choose_splits`): two programs per SM for a
 contiguous cache, six for a paged one (rounded down), while each run keeps a few key tiles.
@@ -83,9 +87,15 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.contract.capabilities import KVCache
-from flashprop.contract.validate import check_decode, check_variants, start_cache_value_check
+from flashprop.contract.fp8 import is_fp8
+from flashprop.contract.validate import (
+    check_cache_scales,
+    check_decode,
+    check_variants,
+    start_cache_value_check,
+)
 from flashprop.kernels import triton_attention as ta
-from flashprop.kernels.triton_attention_kernels import INTERPRET, _in_window, _modified_scores
+from flashprop.kernels.triton_attention_kernels import _INTERPRETED, INTERPRET, _in_window, _modified_scores
 from flashprop.kernels.triton_attention_launch import (
     _MAX_GRID_Y,
     TILE_SIZES,
@@ -124,6 +134,15 @@ def _cache_rows(Table, off_b, offs_n, key_ok, stride_kp, stride_kn, stride_vp, s
 
 
 @triton.jit
+def _upcast(x, dtype: tl.constexpr):
+    """An FP8 tile's values exactly in q's 16-bit ``dtype``, through fp32 under the interpreter
+    (whose conversion to fp32 is the exact one: ``triton_attention_kernels._operand``)."""
+    if _INTERPRETED:
+        x = x.to(tl.float32)
+    return x.to(dtype)
+
+
+@triton.jit
 def _decode_partial(
     Q, K, V, Table, Lengths, Out, LSE,
     stride_qb, stride_qn, stride_qh, stride_qd,
@@ -133,12 +152,12 @@ def _decode_partial(
     stride_ob, stride_on, stride_oh, stride_od,
     H_KV, GROUP, N_Q, capacity, page_size, num_pages, num_splits,
     qk_scale: tl.float64, win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
-    Sinks, stride_z,
+    Sinks, stride_z, Scales,
     head_dim, head_dim_v, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PAGED: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    SINKS: tl.constexpr, COMBINE: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    SINKS: tl.constexpr, FP8_CACHE: tl.constexpr, COMBINE: tl.constexpr, ACC_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One run of key tiles for one row tile of one (batch element, kv head).
     Grid: (num_splits * row tiles, H_KV, B), the row tile fastest (its programs read the same keys).
@@ -152,6 +171,12 @@ def _decode_partial(
     sink; else ``Out`` is the strided o (B, Nq, Hq, Dv), ``LSE`` the contiguous (B, Hq, Nq)
     natural-log lse, and the sinks (SINKS) start the online softmax. Unused pointers point at
     any tensor, unused integers are 0.
+
+    FP8_CACHE: K, V in one FP8 format, Q 16-bit; ``Scales`` a contiguous float32 (B, H_KV, 2) of
+    each (batch element, kv head)'s ``k_scale`` and ``v_scale``. Each tile is upcast to q's dtype
+    (exactly: e4m3 and e5m2 fit fp16 and bf16), k's scale is folded into the softmax scale and
+    v's applied to o (partials too: the combine is linear in them), P rounded to q's dtype for
+    P V, as FlashInfer's decode does (``docs/variants.md``).
     """
     n_rows = GROUP * N_Q
     row_tiles = tl.cdiv(n_rows, BLOCK_M)
@@ -189,6 +214,9 @@ def _decode_partial(
     q_mask = row_ok[:, None] if EVEN_D else row_ok[:, None] & (offs_d < head_dim)[None, :]
     q = tl.load(Q + q_rows[:, None] + (offs_d * stride_qd)[None, :], mask=q_mask, other=0.0)
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
+    if FP8_CACHE:  # the logits of the dequantised keys: q k8 * k_scale
+        scales = Scales + (off_b * H_KV + off_hkv) * 2
+        scale2 = scale2 * tl.load(scales).to(ACC_DTYPE)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     log2e = tl.full([], 1.4426950408889634, ACC_DTYPE)
     if ALIBI:
@@ -215,6 +243,8 @@ def _decode_partial(
                                      stride_vn, stride_tb, stride_tp, page_size, num_pages, PAGED)
         k_mask = key_ok[:, None] if EVEN_D else key_ok[:, None] & (offs_d < head_dim)[None, :]
         k = tl.load(k_base + k_rows[:, None] + (offs_d * stride_kd)[None, :], mask=k_mask, other=0.0)
+        if FP8_CACHE:
+            k = _upcast(k, q.dtype)
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC_DTYPE)
         if SOFTCAP or ALIBI:
             s, _ = _modified_scores(qk, query[:, None], offs_n[None, :], N_Q, length, scale2,
@@ -235,6 +265,8 @@ def _decode_partial(
         l_i = l_i * alpha + tl.sum(p, 1)
         v_mask = key_ok[:, None] if EVEN_DV else key_ok[:, None] & (offs_dv < head_dim_v)[None, :]
         v = tl.load(v_base + v_rows[:, None] + (offs_dv * stride_vd)[None, :], mask=v_mask, other=0.0)
+        if FP8_CACHE:
+            v = _upcast(v, q.dtype)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=PRECISION,
                      out_dtype=ACC_DTYPE)
         m_i = m_new
@@ -242,6 +274,8 @@ def _decode_partial(
     # epilogue: rows that saw no key (nor a sink) have l_i = 0 -> o = 0, lse = -inf
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if FP8_CACHE:  # the dequantised values: v8 * v_scale
+        o = o * tl.load(scales + 1).to(ACC_DTYPE)
     lse2 = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
     dv_ok = row_ok[:, None] & (offs_dv < head_dim_v)[None, :]
     if COMBINE:
@@ -324,6 +358,8 @@ def _decode_combine(
 #: there to declare it.
 DECLARATION: KVCache = ta.attention.capabilities.kvcache
 PAGE_SIZES: tuple[int, ...] = DECLARATION.page_sizes
+#: The FP8 cache's declaration (``attention.capabilities.fp8``: its ``cache_scales`` and formats).
+DECLARATION_FP8 = ta.attention.capabilities.fp8
 #: The most splits a call takes (``num_splits``), and the heuristic's cap: 128 on a GPU, 8 under the
 #: interpreter (it runs each split's program after the other, on the CPU).
 MAX_SPLITS: int = DECLARATION.max_splits
@@ -426,9 +462,9 @@ def _check_tensors(q: object, k_cache: object, v_cache: object, scale: float | N
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not q.dtype == k_cache.dtype == v_cache.dtype:
-        raise TypeError(f"q, k_cache, v_cache must share a dtype, got {q.dtype}, {k_cache.dtype}, "
-                        f"{v_cache.dtype}")
+    if not (is_fp8(k_cache) or is_fp8(v_cache)) and not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share a dtype (or the cache be FP8), got {q.dtype}, "
+                        f"{k_cache.dtype}, {v_cache.dtype}")
     if q.dtype not in ta._ALL_DTYPES:
         raise TypeError(f"dtype {q.dtype} is not supported (fp16, bf16, fp32, fp64)")
     if not q.device == k_cache.device == v_cache.device:
@@ -498,11 +534,13 @@ def last_launch() -> dict[str, str]:
 
 
 def partial_meta(d: int, dv: int, dtype: torch.dtype, rows: int, *, paged: bool, combine: bool,
-                 mods: ta._Mods, block_m: int | None = None, block_n: int | None = None) -> dict:
+                 mods: ta._Mods, block_m: int | None = None, block_n: int | None = None,
+                 fp8_cache: bool = False) -> dict:
     """The partial kernel's compile-time parameters and launch options (``num_warps``,
-    ``num_stages``) for head dims ``d``, ``dv``, ``dtype``, ``rows`` query rows per kv head (GQA
-    group x Nq), a paged cache or not, a combine after it or not, the variants ``mods`` (as
-    ``resolve_band`` gives them) and the tile bounds (:func:`_tiles`): what :func:`kvcache`
+    ``num_stages``) for head dims ``d``, ``dv``, q's ``dtype``, ``rows`` query rows per kv head
+    (GQA group x Nq), a paged cache or not, an FP8 one or not, a combine after it or not, the
+    variants ``mods`` (as ``resolve_band`` gives them) and the tile bounds (:func:`_tiles`; an FP8
+    cache's tiles are upcast to q's dtype, so they are sized as q's): what :func:`kvcache`
     launches, and what ``ci/compile_triton.py`` compiles."""
     block_m_, block_n_, warps, stages = _tiles(rows, d, dv, dtype, block_m, block_n)
     block_d, block_dv = padded_head_dim(d), padded_head_dim(dv)
@@ -510,7 +548,7 @@ def partial_meta(d: int, dv: int, dtype: torch.dtype, rows: int, *, paged: bool,
         "EVEN_D": block_d == d, "EVEN_DV": block_dv == dv, "BLOCK_D": block_d, "BLOCK_DV": block_dv,
         "PAGED": paged, "CAUSAL": mods.causal, "WINDOW": mods.window is not None,
         "SOFTCAP": bool(mods.softcap), "ALIBI": mods.slopes is not None, "SINKS": mods.sinks is not None,
-        "COMBINE": combine, "ACC_DTYPE": _acc(dtype), "PRECISION": "ieee",
+        "FP8_CACHE": fp8_cache, "COMBINE": combine, "ACC_DTYPE": _acc(dtype), "PRECISION": "ieee",
         "BLOCK_M": block_m_, "BLOCK_N": block_n_, "num_warps": warps, "num_stages": stages,
     }
 
@@ -543,6 +581,8 @@ def kvcache(
     softcap: float = 0.0,
     alibi_slopes: Tensor | None = None,
     sinks: Tensor | None = None,
+    k_scale: Tensor | None = None,
+    v_scale: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """KV-cache decode (``flash_attn_with_kvcache``), forward only: returns (o, lse).
 
@@ -551,9 +591,12 @@ def kvcache(
     strides. ``num_splits``: split-KV runs, 1..MAX_SPLITS, 0 to let :func:`choose_splits` pick.
     ``causal`` (bottom-right: query i sees keys j <= i + L_b - Nq), ``scale`` (default
     1/sqrt(D)) and the variants as the dense ``attention`` takes them; ``block_m`` / ``block_n``
-    bound the row and key tiles. o (B, Nq, Hq, Dv) in q's dtype, lse (B, Hq, Nq) float32
-    (float64 for float64). Inputs are checked by ``contract.validate.check_decode`` and
-    ``check_variants`` (clear errors for malformed lengths, tables and splits).
+    bound the row and key tiles. An FP8 cache (float8_e4m3fn or float8_e5m2, with fp16 or bf16
+    q) takes float32 ``k_scale``, ``v_scale`` of shape () or (Hkv,) (FlashInfer's and vLLM's
+    convention; 1 when left out). o (B, Nq, Hq, Dv) in q's dtype, lse (B, Hq, Nq) float32
+    (float64 for float64). Inputs are checked by ``contract.validate.check_decode``,
+    ``check_variants`` and ``check_cache_scales`` (clear errors for malformed lengths, tables,
+    splits and scales).
     """
     _check_tensors(q, k_cache, v_cache, scale, block_m, block_n)
     # shapes, dtypes and num_splits now; the values of the lengths and the table beside the launch
@@ -562,6 +605,7 @@ def kvcache(
     b, nq, hq, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[3]
     _check_declared(q, k_cache, block_table, hkv)
+    fp8 = check_cache_scales(q, k_cache, v_cache, k_scale, v_scale, shapes=DECLARATION_FP8.cache_scales)
     var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
                          alibi_slopes=alibi_slopes, sinks=sinks)
     band_causal, window = ta.resolve_band(bool(causal), var.window, nq, capacity)
@@ -579,7 +623,7 @@ def kvcache(
     rows = group * nq
     paged = block_table is not None
     meta = partial_meta(d, dv, q.dtype, rows, paged=paged, combine=False, mods=mods,
-                        block_m=block_m, block_n=block_n)
+                        block_m=block_m, block_n=block_n, fp8_cache=fp8 is not None)
     row_tiles = triton.cdiv(rows, meta["BLOCK_M"])
     splits = num_splits or choose_splits(b, hkv, row_tiles, capacity, meta["BLOCK_N"], _sms(q.device), paged)
     meta["COMBINE"] = splits > 1
@@ -595,6 +639,7 @@ def kvcache(
     else:
         out, out_lse = o, lse
     sinks_ = (mods.sinks, mods.sinks.stride(0)) if mods.sinks is not None else (lse, 0)
+    scales = lse if fp8 is None else torch.stack((fp8.k, fp8.v), dim=-1).contiguous()  # (B, Hkv, 2)
     device = ta._on_device(q)
     with device:
         partial[(splits * row_tiles, hkv, b)](
@@ -602,7 +647,7 @@ def kvcache(
             *q.stride(), *k_cache.stride(), *v_cache.stride(),
             *(table.stride() if paged else (0, 0)), cache_seqlens.stride(0), *o.stride(),
             hkv, group, nq, capacity, page_size, num_pages, splits,
-            *ta._variant_args(lse, mods, sm_scale), *sinks_, d, dv, **meta,
+            *ta._variant_args(lse, mods, sm_scale), *sinks_, scales, d, dv, **meta,
         )
         if splits > 1:
             combine[(rows, hkv, b)](
