@@ -35,6 +35,7 @@ from flashprop.contract.validate import (
     INT32_ELEMENTS,
     Descales,
     Variants,
+    check_dense,
     check_dropout,
     check_fp8,
     check_variants,
@@ -96,20 +97,14 @@ _ALL_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 def _check_inputs(q: Tensor, k: Tensor, v: Tensor, scale: float | None,
                   block_m: int | None, block_n: int | None) -> Tiles:
-    """Refuse what the kernels do not support, naming it; return the tiles to launch with."""
-    _check_tensors(q, k, v, "(B, H, N, D)")
-    (b, hq, nq, d), (bk, hkv, nk, dk), (bv, hv, nv, dv) = q.shape, k.shape, v.shape
-    if not b == bk == bv:
-        raise ValueError(f"batch sizes differ: q {b}, k {bk}, v {bv}")
-    if hkv != hv or nk != nv:
-        raise ValueError(f"k and v must have the same heads and length, got {k.shape}, {v.shape}")
-    if d != dk:
-        raise ValueError(f"q and k head dims differ: {d} vs {dk}")
+    """Refuse what the kernels do not support, naming it; return the tiles to launch with. The
+    dense layout's rules are ``contract.validate.check_dense``'s; what follows is this kernel's."""
+    check_dense(q, k, v)
+    _check_supported(q)
+    (b, hq, nq, d), (hkv, nk, dv) = q.shape, (k.shape[1], k.shape[2], v.shape[3])
     if min(b, hq, hkv, nq, nk, d, dv) == 0:
         raise ValueError(f"empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}")
-    if hq % hkv != 0:
-        raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv} (GQA)")
     _check_launch(q, k, v, b * hq, scale, block_m, block_n)
     return resolve_tiles(nq, nk, d, dv, q.dtype, block_m, block_n, matrices=b * hq)
 
@@ -137,7 +132,8 @@ def _check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
 
 
 def _check_tensors(q: Tensor, k: Tensor, v: Tensor, layout: str) -> None:
-    """q, k, v: tensors of the ``layout``'s rank, of one supported dtype and device."""
+    """q, k, v: tensors of the ``layout``'s rank (varlen's; the dense layout's are
+    ``check_dense``'s), of one supported dtype and device."""
     rank = len(layout.split(","))
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
@@ -146,11 +142,16 @@ def _check_tensors(q: Tensor, k: Tensor, v: Tensor, layout: str) -> None:
             raise ValueError(f"{name} must be {rank}-D {layout}, got shape {tuple(t.shape)}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
+    _check_supported(q)
+
+
+def _check_supported(q: Tensor) -> None:
+    """q's dtype and device (those of k and v, checked alike) are ones this kernel runs."""
     if q.dtype not in _ALL_DTYPES and q.dtype not in FP8_DTYPES:
         raise TypeError(f"dtype {q.dtype} is not supported (fp16, bf16, fp32, fp64; float8_e4m3fn, "
                         "float8_e5m2 with descales)")
-    if not q.device == k.device == v.device:
-        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
     if q.device.type not in ("cpu", "cuda"):
         raise NotImplementedError(f"device type {q.device.type} is not supported")
     if q.device.type == "cpu" and not INTERPRET:
@@ -519,7 +520,8 @@ def dropout_mask(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, dropout_s
     device code (``triton_attention_kernels._dropout_weights``). The call's other keywords
     (``call_keywords``: causal, scale, tiles, variants) do not change it; entries of keys a query
     does not see are kept or dropped as if it saw them. All True at p = 0."""
-    _check_tensors(q, k, v, "(B, H, N, D)")
+    check_dense(q, k, v)
+    _check_supported(q)
     p, seed = check_dropout(dropout_p, dropout_seed)
     b, hq, nq, nk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
     if not p:
