@@ -15,6 +15,7 @@ Every mutant is an attribute of this module, built on first access, so the suite
 
 from __future__ import annotations
 
+import functools
 import linecache
 import sys
 import types
@@ -30,6 +31,9 @@ TRITON = "kernels/triton_attention.py"
 #: The ``triton`` kernel's modules in import order, each importing those before it: a mutant of
 #: one is built with the modules after it executed again on top of it (:func:`build`).
 TRITON_MODULES = (TRITON_KERNELS, TRITON_LAUNCH, TRITON)
+#: The ``triton`` kernel's decode entry point, which the dense module imports at its first call:
+#: a mutant of it is the dense kernel with the mutated ``kvcache`` (:func:`build`).
+TRITON_DECODE = "kernels/triton_decode.py"
 
 
 class MutantDrift(RuntimeError):
@@ -902,6 +906,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "pytorch/pytorch#190857 (FlexAttention's backward: K/V offsets past INT32_MAX), "
         "Dao-AILab/flash-attention#1500 (FA2's backward row offsets overflowed at batch 10k).",
     ),
+    # ------------------------------------------------------- triton decode (kernels/triton_decode.py)
+    Mutant(
+        "triton_decode_v_with_k_scale",
+        TRITON_DECODE,
+        "        o = o * tl.load(scales + 1).to(ACC_DTYPE)\n",
+        "        o = o * tl.load(scales).to(ACC_DTYPE)\n",
+        "FP8 cache scales confused",
+        "Decode from an FP8 KV cache dequantises the values with the keys' scale: right whenever "
+        "k_scale == v_scale (a calibration that sets both alike, the default 1.0), wrong otherwise. "
+        "sgl-project/sglang#26852 (v_descale falling back to k_scale), vllm-project/vllm#55557 "
+        "(a test with k != v scales added to catch a k/v swap).",
+    ),
 )
 
 BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
@@ -922,7 +938,8 @@ def mutated_source(mutant: Mutant) -> str:
 
 def build(mutant: Mutant) -> Callable:
     """Execute the mutated target as a fresh module, then the modules built on it
-    (:attr:`Mutant.modules`), and return the last one's ``attention`` kernel.
+    (:attr:`Mutant.modules`), and return the last one's ``attention`` kernel (for the decode
+    module, which has none: the ``triton`` kernel with the mutant's ``kvcache``).
 
     While they execute, each built module stands in ``sys.modules`` under its real name, so the
     next one's ``from flashprop.kernels.<module> import ...`` takes the mutant's names; the real
@@ -943,7 +960,21 @@ def build(mutant: Mutant) -> Callable:
                 del sys.modules[real]
             else:
                 sys.modules[real] = original
+    if mutant.target == TRITON_DECODE:
+        return _with_kvcache(module.kvcache)
     return module.attention
+
+
+def _with_kvcache(kvcache: Callable) -> Callable:
+    """The ``triton`` kernel, its declaration and entry points, with ``kvcache`` as its decode."""
+    from flashprop.kernels.triton_attention import attention as triton_attention
+
+    def attention(*args, **kwargs):
+        return triton_attention(*args, **kwargs)
+
+    functools.update_wrapper(attention, triton_attention)  # the declaration and entry points too
+    attention.kvcache = kvcache
+    return attention
 
 
 def _execute(mutant: Mutant, path: str) -> types.ModuleType:

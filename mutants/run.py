@@ -42,7 +42,7 @@ from pathlib import Path
 from flashprop.contract.registry import CPU_KERNELS, expand_specs
 
 from flashprop.commands import property_args
-from mutants.catalogue import MUTANTS, ROOT, Mutant, mutated_source
+from mutants.catalogue import MUTANTS, ROOT, TRITON_DECODE, Mutant, mutated_source
 
 #: Property files that run first, in this order (cheap, and between them they see most bug
 #: classes); the rest follow alphabetically, then LAST (slow, or blind to wrong arithmetic).
@@ -57,6 +57,10 @@ FIRST = (
     "test_determinism.py",
 )
 LAST = ("test_gradcheck.py", "test_error_contract.py")
+#: Property files that run first for the mutants of one target, instead of FIRST: the decode
+#: module's bugs live where its entry point is checked (the dense files before them pass a decode
+#: mutant for over 120 s of its budget).
+FIRST_BY_TARGET = {TRITON_DECODE: ("test_fp8.py", "test_kvcache.py", "test_precision.py")}
 #: The correct kernels: the default CPU run's (contract.registry.CPU_KERNELS), slowest first.
 CORRECT_KERNELS = tuple(sorted(CPU_KERNELS, key=lambda name: name != "triton"))
 
@@ -80,10 +84,10 @@ class Outcome:
         return self.status == "caught"
 
 
-def property_files() -> list[str]:
-    """The property test files in run order."""
+def property_files(first_files: tuple[str, ...] = FIRST) -> list[str]:
+    """The property test files in run order, ``first_files`` first."""
     found = sorted(p.name for p in (ROOT / "properties").glob("test_*.py"))
-    first = [f for f in FIRST if f in found]
+    first = [f for f in first_files if f in found]
     last = [f for f in LAST if f in found]
     middle = [f for f in found if f not in first and f not in last]
     return [f"properties/{f}" for f in (*first, *middle, *last)]
@@ -95,9 +99,14 @@ def _env(threads: int, extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _pytest(kernels: list[str], *extra: str) -> list[str]:
+def _pytest(kernels: list[str], *extra: str, first: tuple[str, ...] = FIRST) -> list[str]:
     return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *extra,
-            *property_args(kernels, profile="ci", targets=property_files(), device="cpu")]
+            *property_args(kernels, profile="ci", targets=property_files(first), device="cpu")]
+
+
+def first_files(mutant: Mutant) -> tuple[str, ...]:
+    """The property files that run first on ``mutant``."""
+    return FIRST_BY_TARGET.get(mutant.target, FIRST)
 
 
 def run_correct_kernel(kernel: str, timeout: float, threads: int) -> tuple[bool, float, str]:
@@ -114,8 +123,9 @@ def run_correct_kernel(kernel: str, timeout: float, threads: int) -> tuple[bool,
 
 
 def run_batch(mutants: list[Mutant], budget: float, threads: int, shrink_seconds: float) -> list[Outcome]:
-    """Run the suite on several mutants in one pytest subprocess (:mod:`mutants.probe` stops
-    each at its first failing property, and at ``budget`` seconds of its own tests)."""
+    """Run the suite on several mutants of one file order (:func:`first_files`) in one pytest
+    subprocess (:mod:`mutants.probe` stops each at its first failing property, and at ``budget``
+    seconds of its own tests)."""
     specs = {f"mutants.catalogue:{m.name}": m for m in mutants}
     with tempfile.TemporaryDirectory() as tmp:
         probe_out = Path(tmp) / "probe.json"
@@ -128,7 +138,7 @@ def run_batch(mutants: list[Mutant], budget: float, threads: int, shrink_seconds
         limit = budget * len(mutants) + 120
         try:
             proc = subprocess.run(
-                _pytest(list(specs), "-p", "mutants.probe"),
+                _pytest(list(specs), "-p", "mutants.probe", first=first_files(mutants[0])),
                 cwd=ROOT, env=_env(threads, env), capture_output=True, text=True, timeout=limit,
             )
             output = proc.stdout + proc.stderr
@@ -158,14 +168,19 @@ def run_batch(mutants: list[Mutant], budget: float, threads: int, shrink_seconds
 
 
 def batches(mutants: list[Mutant], count: int) -> list[list[Mutant]]:
-    """``mutants`` in ``count`` batches of about equal expected cost, catalogue order kept inside
-    each (a Triton mutant under the interpreter costs about four ``ref-blocked`` ones)."""
+    """``mutants`` in about ``count`` batches of about equal expected cost, catalogue order kept
+    inside each (a Triton mutant under the interpreter costs about four ``ref-blocked`` ones);
+    the mutants of a target with files of its own (:data:`FIRST_BY_TARGET`) in batches apart."""
+    own = [m for m in mutants if m.target in FIRST_BY_TARGET]
+    rest = [m for m in mutants if m.target not in FIRST_BY_TARGET]
+    count = max(1, count - len({m.target for m in own}))
     loads = [0.0] * count
     split: list[list[Mutant]] = [[] for _ in range(count)]
-    for mutant in sorted(mutants, key=lambda m: m.kernel_family != "triton"):
+    for mutant in sorted(rest, key=lambda m: m.kernel_family != "triton"):
         i = loads.index(min(loads))
         split[i].append(mutant)
         loads[i] += 4.0 if mutant.kernel_family == "triton" else 1.0
+    split += [[m for m in own if m.target == target] for target in dict.fromkeys(m.target for m in own)]
     order = {m.name: i for i, m in enumerate(mutants)}
     return [sorted(b, key=lambda m: order[m.name]) for b in split if b]
 
