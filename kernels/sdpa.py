@@ -43,9 +43,10 @@ problems a backend refuses with that mask are undeclared limits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,7 @@ from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_decode,
     check_dense,
+    check_dropout,
     check_elements,
     check_variants,
     check_varlen,
@@ -79,6 +81,7 @@ class _Call:
     attn_mask: torch.Tensor | None = None
     is_causal: bool = False
     scale: float | None = None
+    dropout: tuple[float, int | None] = (0.0, None)
 
     @property
     def enable_gqa(self) -> bool:
@@ -178,19 +181,22 @@ def _dense_call(
     scale: float | None = None,
     window_size: tuple[int, int] | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
 ) -> _Call:
     """Dense (B, H, N, D) inputs (``contract.validate.check_dense``); causal alone stays SDPA's
     ``is_causal``, a window or ALiBi becomes a mask with the causal edge in it."""
     check_dense(q, k, v)
+    dropout = check_dropout(dropout_p, dropout_seed)
     if window_size is None and alibi_slopes is None:
-        return _plain_call(q, k, v, causal=causal, scale=scale)
+        return dataclasses.replace(_plain_call(q, k, v, causal=causal, scale=scale), dropout=dropout)
     b, hq = q.shape[:2]
     var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     rows, cols = _positions(q.shape[2], 2, q.device), _positions(k.shape[2], 3, q.device)
     mask = _attn_mask(rows, cols, causal=causal, window=var.window, slopes=slopes, keep=None,
                       dtype=_bias_dtype(q.dtype))
-    return _Call(q, k, v, mask, causal and mask is None, scale)
+    return _Call(q, k, v, mask, causal and mask is None, scale, dropout)
 
 
 def _sequence_positions(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,9 +220,12 @@ def _varlen_call(
     scale: float | None = None,
     window_size: tuple[int, int] | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
 ) -> _Call:
     """Packed (T, H, D) inputs as one batch element (1, H, T, D) with a block-diagonal mask."""
     n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    dropout = check_dropout(dropout_p, dropout_seed)
     tq, hq = q.shape[:2]
     var = check_variants(n_seq, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     seq_q, pos_q = _sequence_positions(cu_seqlens_q, tq)
@@ -234,7 +243,7 @@ def _varlen_call(
         keep=seq_q.view(1, 1, -1, 1) == seq_k.view(1, 1, 1, -1),
         dtype=_bias_dtype(q.dtype),
     )
-    return _Call(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask, False, scale)
+    return _Call(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask, False, scale, dropout)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor | None, length: int) -> torch.Tensor:
@@ -311,11 +320,14 @@ def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Calla
         if caps.max_elements is not None:
             check_elements(f"SDPA {backend.name}", caps.max_elements, PAST_INT32[backend.name],
                            call.q, call.k, call.v)
+        rate, seed = call.dropout
+        if rate and not caps.dropout:
+            raise NotImplementedError(f"SDPA {backend.name}: dropout is not declared by this adapter")
         try:
-            with sdpa_kernel([backend]):
+            with sdpa_kernel([backend]), _seeded(call.q.device, seed):
                 return F.scaled_dot_product_attention(
-                    call.q, call.k, call.v, attn_mask=call.attn_mask, is_causal=call.is_causal,
-                    scale=call.scale, enable_gqa=call.enable_gqa,
+                    call.q, call.k, call.v, attn_mask=call.attn_mask, dropout_p=rate,
+                    is_causal=call.is_causal, scale=call.scale, enable_gqa=call.enable_gqa,
                 )
         except RuntimeError as err:
             if "No available kernel" in str(err):
@@ -349,6 +361,21 @@ def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Calla
     return attention
 
 
+@contextlib.contextmanager
+def _seeded(device: torch.device, seed: int | None) -> Iterator[None]:
+    """SDPA's dropout draws its mask from the global generator of ``device``: within this
+    context that generator starts at ``seed`` (the contract's seed: the same seed, the same mask;
+    the backward reuses the forward's mask, saved by autograd or the fused kernel's RNG state),
+    and the caller's generator state is restored after it. Nothing is done without a seed."""
+    if seed is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        torch.manual_seed(seed)
+        yield
+
+
 def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
     """The dense, varlen and decode entry points of a backend that takes a mask."""
 
@@ -361,9 +388,12 @@ def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
         scale: float | None = None,
         window_size: tuple[int, int] | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        dropout_seed: int | None = None,
     ) -> torch.Tensor:
         call = _dense_call(
-            q, k, v, causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes
+            q, k, v, causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
+            dropout_p=dropout_p, dropout_seed=dropout_seed,
         )
         return run(call)
 
@@ -380,11 +410,14 @@ def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
         scale: float | None = None,
         window_size: tuple[int, int] | None = None,
         alibi_slopes: torch.Tensor | None = None,
+        dropout_p: float = 0.0,
+        dropout_seed: int | None = None,
     ) -> torch.Tensor:
         """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv)."""
         call = _varlen_call(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
+            dropout_p=dropout_p, dropout_seed=dropout_seed,
         )
         return run(call)[0].transpose(0, 1)
 
@@ -416,8 +449,10 @@ def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
 sdpa_math = _make(
     "sdpa_math",
     SDPBackend.MATH,
-    Capabilities(causal_alignment="top-left", returns_lse=False, **_MASK_VARIANTS),
-    "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype; variants as masks.",
+    Capabilities(causal_alignment="top-left", returns_lse=False, dropout=True,
+                 **{**_MASK_VARIANTS, "variant_backward": _MASK_VARIANTS["variant_backward"] | {"dropout"}}),
+    "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype; variants as masks; dropout "
+    "seeded through the global generator (:func:`_seeded`).",
 )
 
 
