@@ -27,6 +27,11 @@ that take no wider one: :data:`_WIDE_BIAS`). The backends that take a mask
                    declared alignment holds here too: with ``causal`` query i of the Nq new
                    queries sees cache keys j <= i (the golden follows the declaration)
 
+Dropout (``dropout_p``, ``dropout_seed``; dense and varlen): SDPA draws its mask from the global
+generator, so the call runs with that generator seeded by ``dropout_seed`` and the caller's state
+restored after it (:func:`_seeded`); the math backend declares it, forward and backward (autograd
+saves the mask), and the others refuse it until a GPU run has checked theirs.
+
 Gradients of window, ALiBi and varlen are SDPA's own backward through the mask (autograd for
 math), so they are declared. Softcap (a nonlinear rewrite of each logit, not an additive bias)
 and sinks (an extra softmax term with no key) have no SDPA form: undeclared, and the entry
