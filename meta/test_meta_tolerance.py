@@ -237,12 +237,19 @@ def _judged(kernel: Kernel, p: Problem) -> list:
 
 @pytest.mark.parametrize("p", FALSE_POSITIVES, ids=lambda p: f"{p.nq}x{p.nk}x{p.d}")
 def test_reordered_passes_where_the_lse_floor_failed(p: Problem):
-    """ref-reordered passes each fixed false positive; on each the floor from max|lse| alone
-    (as the suite had it) fails dq or dk, so the case pins the fix; and a float64 kernel that
-    computes in float32 still fails there."""
+    """ref-reordered passes each fixed false positive, and a float64 kernel that computes in
+    float32 still fails there."""
     kernel = load_kernel("ref-reordered")
     results = _judged(kernel, p)
     assert all(r.ok for r in results), "\n".join(r.describe() for r in results)
+    wrong = _judged(Kernel("float32-inside", _in_float32, _in_float32.capabilities), p)
+    assert not all(r.ok for r in wrong), "a float64 kernel computing in float32 passed"
+
+
+def _beyond_the_lse_floor(p: Problem) -> list[str]:
+    """The gradients of ref-reordered on ``p`` that the floor from max|lse| alone (as the suite
+    had it) fails."""
+    kernel = load_kernel("ref-reordered")
     golden, yard = reference_for(kernel, p, backward=True)
     out = run_kernel(kernel, p, "meta", backward=True)
     lse_only = finite_max_abs(golden.lse)
@@ -253,9 +260,18 @@ def test_reordered_passes_where_the_lse_floor_failed(p: Problem):
         y_err = float((getattr(yard, name) - g).abs().max())
         if err > budget(name, F64, y_err, golden.bounds[name], lse_only)[0]:
             beyond.append(name)
-    assert beyond, "the floor from max|lse| alone passes this problem: it no longer pins the fix"
-    wrong = _judged(Kernel("float32-inside", _in_float32, _in_float32.capabilities), p)
-    assert not all(r.ok for r in wrong), "a float64 kernel computing in float32 passed"
+    return beyond
+
+
+def test_the_false_positives_pin_the_fix():
+    """On some fixed false positive the floor from max|lse| alone fails dq or dk, so the cases
+    pin the fix. Which of them does depends on the machine: float64 matmuls round by the BLAS
+    code path the CPU takes (MKL's AVX2 path on an AMD EPYC, session 32: the 8x32x16 case's
+    errors were 0.16-0.17 of that floor, the 3x4x6 case's dk 1.15x and the 16x8x32 case's 1.11x;
+    the machine the cases were found on failed all three)."""
+    assert any(_beyond_the_lse_floor(p) for p in FALSE_POSITIVES), (
+        "the floor from max|lse| alone passes every fixed false positive: they no longer pin the fix"
+    )
 
 
 # ---------------------------------------------------------------- the conditioning
