@@ -194,7 +194,7 @@ def _dense_call(
     check_dense(q, k, v)
     dropout = check_dropout(dropout_p, dropout_seed)
     if window_size is None and alibi_slopes is None:
-        return dataclasses.replace(_plain_call(q, k, v, causal=causal, scale=scale), dropout=dropout)
+        return _Call(q, k, v, None, causal, scale, dropout)
     b, hq = q.shape[:2]
     var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)

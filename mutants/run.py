@@ -345,13 +345,16 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        order = ", ".join(property_files())
+        orders = [f"property files in run order: {', '.join(property_files())}"] + [
+            f"for the mutants of {target}: {', '.join(property_files(first))}"
+            for target, first in FIRST_BY_TARGET.items()
+        ]
         args.out.write_text(
             "# flashprop mutants\n\n"
             + markdown(rows)
             + "\n\n"
-            + "\n".join(f"- {x}" for x in lines)
-            + f"\n- property files in run order: {order}\n"
+            + "\n".join(f"- {x}" for x in [*lines, *orders])
+            + "\n"
         )
     return 0 if baseline_ok and all(o.caught for o in outcomes) else 1
 
