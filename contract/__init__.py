@@ -4,7 +4,8 @@
 ``KVCache``); ``problem.py``: an attention problem and its tensors, which declarations are read
 against; ``registry.py``: kernels by name or spec (``load_kernel``, ``Kernel``, ``BUILTIN``);
 ``validate.py``: the input checks adapters share, so that what a kernel refuses it refuses with
-the errors the contract names.
+the errors the contract names; ``entry_points.py``: the three entry points' signatures, written
+once (``@entry_point("varlen", keywords=(...))`` gives flashprop's own adapters theirs).
 
 To add a kernel adapter:
 

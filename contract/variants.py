@@ -8,8 +8,10 @@ problem is outside them (:attr:`Variant.refusal`). ``Problem.variants``,
 strategies' variant names (``harness.variant_problems``), the CLI's ``kernels`` listing and the
 property files' parametrisations read it.
 
-How to add a variant: its row here (and its :class:`~contract.problem.Problem` field and
-``Capabilities`` field, which the row's functions read); its keyword's check in
+How to add a variant: its row here, with its keywords and their defaults (``_kw(name=default)``:
+the entry points' signatures, ``contract/entry_points.py``, are built from them; and its
+:class:`~contract.problem.Problem` field and ``Capabilities`` field, which the row's functions
+read); its keyword's check in
 ``contract/validate.py``; its score or mask modifier in ``refimpl/masks.py`` (the golden, the
 yardstick and ``ref-blocked`` apply the modifiers there); its strategy in
 ``harness/variant_problems.py``. ``meta/test_meta_variants.py`` checks every row against them.
@@ -24,6 +26,7 @@ relations beyond the golden are ``properties/test_fp8.py``.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +45,9 @@ class Variant:
 
     Attributes:
         name: its name (``--properties`` and the reports use it).
-        keywords: the call's keywords that carry it (empty: an entry point or a form of one).
+        signature: the call's keywords that carry it, each with its default, which means "off"
+            (:data:`REQUIRED`: none, the call gives it; empty: an entry point or a form of one).
+            ``contract/entry_points.py`` builds the entry points' signatures from them.
         entry: the entry point it is or modifies: ``any`` (a score or mask modifier of every
             entry point), ``training`` (a modifier of the entry points with a backward: dense and
             varlen), ``varlen`` or ``kvcache`` (:data:`ENTRY_MODES`).
@@ -56,7 +61,7 @@ class Variant:
     """
 
     name: str
-    keywords: tuple[str, ...]
+    signature: tuple[tuple[str, object], ...]
     entry: str
     backward: bool
     used: Callable[[Prob], bool]
@@ -65,9 +70,23 @@ class Variant:
     stochastic: bool = False
 
     @property
+    def keywords(self) -> tuple[str, ...]:
+        """The call's keywords that carry it (empty: an entry point or a form of one)."""
+        return tuple(name for name, _ in self.signature)
+
+    @property
     def modes(self) -> tuple[str, ...]:
         """The entry points (``Problem.mode``) a problem using it calls."""
         return ENTRY_MODES[self.entry]
+
+
+#: A keyword's default meaning "the call must give it" (``cache_seqlens``).
+REQUIRED = inspect.Parameter.empty
+
+
+def _kw(**defaults: object) -> tuple[tuple[str, object], ...]:
+    """A row's :attr:`Variant.signature`: its keywords with their defaults, in the order given."""
+    return tuple(defaults.items())
 
 
 #: Per ``Variant.entry``: the entry points (``Problem.mode``) its problems call.
@@ -143,30 +162,30 @@ def _fp8_cache_refusal(caps: Caps, p: Prob) -> str | None:
 
 
 TABLE: tuple[Variant, ...] = (
-    Variant("window", ("window_size",), "any", True, lambda p: p.window is not None,
+    Variant("window", _kw(window_size=None), "any", True, lambda p: p.window is not None,
             lambda c: c.window, lambda c, p: None if c.window else "window_size not declared"),
-    Variant("softcap", ("softcap",), "any", True, lambda p: bool(p.softcap),
+    Variant("softcap", _kw(softcap=0.0), "any", True, lambda p: bool(p.softcap),
             lambda c: c.softcap, lambda c, p: None if c.softcap else "softcap not declared"),
-    Variant("alibi", ("alibi_slopes",), "any", True, lambda p: p.alibi is not None,
+    Variant("alibi", _kw(alibi_slopes=None), "any", True, lambda p: p.alibi is not None,
             lambda c: bool(c.alibi),
             lambda c, p: None if p.alibi[0] in c.alibi else f"alibi_slopes of shape {p.alibi[0]!r} "
                                                            "not declared"),
-    Variant("sinks", ("sinks",), "any", True, lambda p: p.sinks is not None,
+    Variant("sinks", _kw(sinks=None), "any", True, lambda p: p.sinks is not None,
             lambda c: c.sinks, lambda c, p: None if c.sinks else "sinks not declared"),
-    Variant("varlen", (), "varlen", True, lambda p: p.seqlens is not None,
+    Variant("varlen", _kw(), "varlen", True, lambda p: p.seqlens is not None,
             lambda c: c.varlen, lambda c, p: None if c.varlen else "varlen (cu_seqlens) not declared"),
-    Variant("kvcache", ("cache_seqlens",), "kvcache", False, lambda p: p.cache is not None,
+    Variant("kvcache", _kw(cache_seqlens=REQUIRED), "kvcache", False, lambda p: p.cache is not None,
             lambda c: c.kvcache is not None, _cache_refusal),
-    Variant("paged", ("block_table",), "kvcache", False, lambda p: p.page_size is not None,
+    Variant("paged", _kw(block_table=None), "kvcache", False, lambda p: p.page_size is not None,
             lambda c: c.kvcache is not None and bool(c.kvcache.page_sizes), _paged_refusal),
-    Variant("splits", ("num_splits",), "kvcache", False, lambda p: p.num_splits is not None,
+    Variant("splits", _kw(num_splits=0), "kvcache", False, lambda p: p.num_splits is not None,
             lambda c: c.kvcache is not None and c.kvcache.max_splits > 1, _splits_refusal),
-    Variant("dropout", ("dropout_p", "dropout_seed"), "training", True, lambda p: p.dropout is not None,
-            lambda c: c.dropout, _dropout_refusal, stochastic=True),
-    Variant("fp8", ("q_descale", "k_descale", "v_descale"), "training", False,
+    Variant("dropout", _kw(dropout_p=0.0, dropout_seed=None), "training", True,
+            lambda p: p.dropout is not None, lambda c: c.dropout, _dropout_refusal, stochastic=True),
+    Variant("fp8", _kw(q_descale=None, k_descale=None, v_descale=None), "training", False,
             lambda p: p.fp8 is not None and p.cache is None,
             lambda c: c.fp8 is not None and bool(c.fp8.descales), _fp8_refusal),
-    Variant("fp8-cache", ("k_scale", "v_scale"), "kvcache", False,
+    Variant("fp8-cache", _kw(k_scale=None, v_scale=None), "kvcache", False,
             lambda p: p.fp8 is not None and p.cache is not None,
             lambda c: c.kvcache is not None and c.fp8 is not None and bool(c.fp8.cache_scales),
             _fp8_cache_refusal),

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from flashprop.contract.capabilities import Capabilities, Limit
+from flashprop.contract.entry_points import Keywords, entry_point
 from flashprop.contract.validate import check_dense
 
 __all__ = ["attention", "unavailable_reason"]
@@ -188,24 +189,18 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | Non
     return scale
 
 
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@entry_point("dense", ("causal", "scale"))
+def attention(q, k, v, kw: Keywords) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention-2 on CUDA: returns ``(o, lse)``, lse natural-log float32 (B, Hq, Nq).
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, D); scale defaults to 1/sqrt(D);
     causal masking is bottom-right aligned (query i sees key j iff j <= i + Nk - Nq).
     """
-    scale = _check(q, k, v, scale)
+    scale = _check(q, k, v, kw.scale)
     reason = unavailable_reason()
     if reason is not None:
         raise RuntimeError(f"cuda kernel unavailable: {reason}")
-    return torch.ops.flashprop.cuda_attn_fwd(q, k, v, bool(causal), scale)
+    return torch.ops.flashprop.cuda_attn_fwd(q, k, v, bool(kw.causal), scale)
 
 
 attention.capabilities = Capabilities(

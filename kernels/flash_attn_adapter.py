@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.entry_points import Keywords, entry_point
 from flashprop.contract.validate import check_dense
 
 try:
@@ -29,45 +30,43 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def _variants(window_size, softcap, alibi_slopes) -> dict:
-    return dict(window_size=(-1, -1) if window_size is None else tuple(window_size), softcap=softcap,
-                alibi_slopes=alibi_slopes)
+#: The keywords of the three entry points (``contract/entry_points.py``): flash-attn's own.
+_KEYWORDS = ("causal", "scale", "window_size", "softcap", "alibi_slopes")
 
 
-def attention(q, k, v, *, causal: bool = False, scale: float | None = None, window_size=None,
-              softcap: float = 0.0, alibi_slopes=None):
+def _variants(kw: Keywords) -> dict:
+    """The call's keywords as flash-attn takes them."""
+    window = (-1, -1) if kw.window_size is None else tuple(kw.window_size)
+    return dict(softmax_scale=kw.scale, causal=kw.causal, window_size=window, softcap=kw.softcap,
+                alibi_slopes=kw.alibi_slopes)
+
+
+@entry_point("dense", _KEYWORDS)
+def attention(q, k, v, kw: Keywords):
     """flash-attn ``(o, lse)`` on (B, H, N, D) views (``contract.validate.check_dense``)."""
     check_dense(q, k, v)
     o, lse, _ = flash_attn_func(
-        q.transpose(1, 2),
-        k.transpose(1, 2),
-        v.transpose(1, 2),
-        softmax_scale=scale,
-        causal=causal,
-        return_attn_probs=True,
-        **_variants(window_size, softcap, alibi_slopes),
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), return_attn_probs=True, **_variants(kw)
     )
     return o.transpose(1, 2), lse
 
 
-def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, causal: bool = False,
-           scale: float | None = None, window_size=None, softcap: float = 0.0, alibi_slopes=None):
+@entry_point("varlen", _KEYWORDS)
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw: Keywords):
     """``flash_attn_varlen_func``: packed (T, H, D) -> ``(o, lse (Hq, Tq))``."""
     o, lse, _ = flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=scale,
-        causal=causal, return_attn_probs=True, **_variants(window_size, softcap, alibi_slopes),
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, return_attn_probs=True,
+        **_variants(kw),
     )
     return o, lse
 
 
-def kvcache(q, k_cache, v_cache, *, cache_seqlens, block_table=None, num_splits: int = 0,
-            causal: bool = False, scale: float | None = None, window_size=None, softcap: float = 0.0,
-            alibi_slopes=None):
+@entry_point("kvcache", (*_KEYWORDS, "cache_seqlens", "block_table", "num_splits"))
+def kvcache(q, k_cache, v_cache, kw: Keywords):
     """``flash_attn_with_kvcache`` (no appended keys): ``(o (B, Nq, Hq, Dv), lse (B, Hq, Nq))``."""
     return flash_attn_with_kvcache(
-        q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, softmax_scale=scale,
-        causal=causal, num_splits=num_splits, return_softmax_lse=True,
-        **_variants(window_size, softcap, alibi_slopes),
+        q, k_cache, v_cache, cache_seqlens=kw.cache_seqlens, block_table=kw.block_table,
+        num_splits=kw.num_splits, return_softmax_lse=True, **_variants(kw),
     )
 
 

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, Limit
+from flashprop.contract.entry_points import Keywords, entry_point
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_dense,
@@ -55,6 +56,9 @@ except ImportError:  # pragma: no cover - very old torch
 Coords = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 ScoreMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: The keywords both entry points take (``contract/entry_points.py``).
+_KEYWORDS = ("causal", "scale", "window_size", "softcap", "alibi_slopes")
+Pair = tuple[torch.Tensor, torch.Tensor]
 #: An open window side: farther than any sequence (and far from int32 overflow).
 _OPEN = 2**30
 
@@ -209,48 +213,19 @@ def _dense_block_mask(
     return None if band is None else _block_mask(band, nq, nk, device)
 
 
-def _dense(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool,
-    scale: float | None,
-    window_size: tuple[int, int] | None,
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dense entry point's work, after the device checks."""
+@entry_point("dense", _KEYWORDS)
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: Keywords) -> Pair:
+    """FlexAttention ``(o, lse)``, bottom-right causal, with window, softcap and ALiBi."""
+    check_dense(q, k, v)
+    _check(q, k, v)
     b, hq, nq, _ = q.shape
-    var = check_variants(
-        b, hq, q.device, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes
-    )
+    var = check_variants(b, hq, q.device, **kw.variants)
     nk, device = k.shape[2], str(q.device)
     slope = None
     if (slopes := var.alibi_slopes) is not None:
         slope = (lambda b, h, q_idx: slopes[h]) if slopes.dim() == 1 else (lambda b, h, q_idx: slopes[b, h])
     score_mod = _score_mod(_dense_coords(nq, nk, device), var.softcap, slope, device)
-    return _flex(q, k, v, score_mod, _dense_block_mask(nq, nk, causal, var.window, device), scale)
-
-
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlexAttention ``(o, lse)``, bottom-right causal, with window, softcap and ALiBi."""
-    check_dense(q, k, v)
-    _check(q, k, v)
-    return _dense(
-        q, k, v, causal=causal, scale=scale, window_size=window_size, softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
+    return _flex(q, k, v, score_mod, _dense_block_mask(nq, nk, kw.causal, var.window, device), kw.scale)
 
 
 # ----------------------------------------------------------------------------- varlen
@@ -300,27 +275,12 @@ def _document_block_mask(
     return _block_mask(mask, *docs.shape, device)
 
 
-def _varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    causal: bool,
-    scale: float | None,
-    window_size: tuple[int, int] | None,
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The varlen entry point's work, after the device checks."""
+@entry_point("varlen", _KEYWORDS)
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw: Keywords) -> Pair:
+    """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv), lse (Hq, Tq)."""
+    _check(q, k, v)
     n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    var = check_variants(
-        n_seq, q.shape[1], q.device, window_size=window_size, softcap=softcap,
-        alibi_slopes=alibi_slopes,
-    )
+    var = check_variants(n_seq, q.shape[1], q.device, **kw.variants)
     device = str(q.device)
     cu_q, cu_k = tuple(cu_seqlens_q.tolist()), tuple(cu_seqlens_k.tolist())
     docs = _documents(cu_q, cu_k, device)
@@ -331,32 +291,9 @@ def _varlen(
             lambda b, h, q_idx: slopes[doc_q[q_idx], h]
         )
     score_mod = _score_mod(docs.coords(), var.softcap, slope, device)
-    block_mask = _document_block_mask(cu_q, cu_k, causal, var.window, device)
-    o, lse = _flex(*(t.transpose(0, 1)[None] for t in (q, k, v)), score_mod, block_mask, scale)
+    block_mask = _document_block_mask(cu_q, cu_k, kw.causal, var.window, device)
+    o, lse = _flex(*(t.transpose(0, 1)[None] for t in (q, k, v)), score_mod, block_mask, kw.scale)
     return o[0].transpose(0, 1), lse[0]
-
-
-def varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv), lse (Hq, Tq)."""
-    _check(q, k, v)
-    return _varlen(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, scale=scale,
-        window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-    )
 
 
 #: Found by flashprop on the H200 (torch 2.11.0+cu130): for GQA with a causal block mask under

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
+from flashprop.contract.entry_points import Keywords, entry_point
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_decode,
@@ -171,37 +172,32 @@ def _head_slopes(alibi_slopes: torch.Tensor, heads: int) -> torch.Tensor:
     return alibi_slopes.reshape(-1, heads, 1, 1)
 
 
-def _plain_call(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, scale: float | None = None
-) -> _Call:
-    return _Call(q, k, v, None, causal, scale)
+#: The keywords of the entry points of a backend that takes a mask (the variants a mask expresses;
+#: dropout, which only the math backend declares, is refused by the others when they run), per
+#: entry point; a backend that takes none takes ``causal`` and ``scale`` alone.
+_MASK_KEYWORDS = ("causal", "scale", "window_size", "alibi_slopes")
+_PLAIN_KEYWORDS = ("causal", "scale")
+_KEYWORDS: Mapping[str, tuple[str, ...]] = {
+    "dense": (*_MASK_KEYWORDS, "dropout_p", "dropout_seed"),
+    "varlen": (*_MASK_KEYWORDS, "dropout_p", "dropout_seed"),
+    "kvcache": (*_MASK_KEYWORDS, "cache_seqlens", "block_table", "num_splits"),
+}
 
 
-def _dense_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-) -> _Call:
+def _dense_call(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: Keywords) -> _Call:
     """Dense (B, H, N, D) inputs (``contract.validate.check_dense``); causal alone stays SDPA's
     ``is_causal``, a window or ALiBi becomes a mask with the causal edge in it."""
     check_dense(q, k, v)
-    dropout = check_dropout(dropout_p, dropout_seed)
-    if window_size is None and alibi_slopes is None:
-        return _Call(q, k, v, None, causal, scale, dropout)
+    dropout = check_dropout(kw.dropout_p, kw.dropout_seed)
+    if kw.window_size is None and kw.alibi_slopes is None:
+        return _Call(q, k, v, None, kw.causal, kw.scale, dropout)
     b, hq = q.shape[:2]
-    var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    var = check_variants(b, hq, q.device, window_size=kw.window_size, alibi_slopes=kw.alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     rows, cols = _positions(q.shape[2], 2, q.device), _positions(k.shape[2], 3, q.device)
-    mask = _attn_mask(rows, cols, causal=causal, window=var.window, slopes=slopes, keep=None,
+    mask = _attn_mask(rows, cols, causal=kw.causal, window=var.window, slopes=slopes, keep=None,
                       dtype=_bias_dtype(q.dtype))
-    return _Call(q, k, v, mask, causal and mask is None, scale, dropout)
+    return _Call(q, k, v, mask, kw.causal and mask is None, kw.scale, dropout)
 
 
 def _sequence_positions(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -212,27 +208,12 @@ def _sequence_positions(cu_seqlens: torch.Tensor, total: int) -> tuple[torch.Ten
     return seq, torch.arange(total, device=device) - cu_seqlens.long()[seq]
 
 
-def _varlen_call(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-) -> _Call:
+def _varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw: Keywords) -> _Call:
     """Packed (T, H, D) inputs as one batch element (1, H, T, D) with a block-diagonal mask."""
     n_seq = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    dropout = check_dropout(dropout_p, dropout_seed)
+    dropout = check_dropout(kw.dropout_p, kw.dropout_seed)
     tq, hq = q.shape[:2]
-    var = check_variants(n_seq, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    var = check_variants(n_seq, hq, q.device, window_size=kw.window_size, alibi_slopes=kw.alibi_slopes)
     seq_q, pos_q = _sequence_positions(cu_seqlens_q, tq)
     seq_k, pos_k = _sequence_positions(cu_seqlens_k, k.shape[0])
     slopes = var.alibi_slopes
@@ -242,13 +223,13 @@ def _varlen_call(
     mask = _attn_mask(
         pos_q.view(1, 1, -1, 1),
         pos_k.view(1, 1, 1, -1),
-        causal=causal,
+        causal=kw.causal,
         window=var.window,
         slopes=slopes,
         keep=seq_q.view(1, 1, -1, 1) == seq_k.view(1, 1, 1, -1),
         dtype=_bias_dtype(q.dtype),
     )
-    return _Call(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask, False, scale, dropout)
+    return _Call(*(t.transpose(0, 1)[None] for t in (q, k, v)), mask, False, kw.scale, dropout)
 
 
 def _gather(cache: torch.Tensor, block_table: torch.Tensor | None, length: int) -> torch.Tensor:
@@ -259,23 +240,12 @@ def _gather(cache: torch.Tensor, block_table: torch.Tensor | None, length: int) 
     return cache[block_table[:, :pages].long()].flatten(1, 2)[:, :length]
 
 
-def _kvcache_call(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    *,
-    cache_seqlens: torch.Tensor,
-    block_table: torch.Tensor | None = None,
-    num_splits: int = 0,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> _Call:
+def _kvcache_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kw: Keywords) -> _Call:
     """Decode inputs (B, Nq, H, D) against the gathered cache, keys past each length masked."""
-    check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, max_splits=1)
+    cache_seqlens, block_table = kw.cache_seqlens, kw.block_table
+    check_decode(q, k_cache, v_cache, cache_seqlens, block_table, kw.num_splits, max_splits=1)
     b, nq, hq, _ = q.shape
-    var = check_variants(b, hq, q.device, window_size=window_size, alibi_slopes=alibi_slopes)
+    var = check_variants(b, hq, q.device, window_size=kw.window_size, alibi_slopes=kw.alibi_slopes)
     slopes = None if var.alibi_slopes is None else _head_slopes(var.alibi_slopes, hq)
     length = int(cache_seqlens.max()) if b else 0
     inside = torch.arange(length, device=q.device) < cache_seqlens[:, None]  # (B, length)
@@ -286,22 +256,29 @@ def _kvcache_call(
     mask = _attn_mask(
         _positions(nq, 2, q.device),
         _positions(length, 3, q.device),
-        causal=causal,
+        causal=kw.causal,
         window=var.window,
         slopes=slopes,
         keep=inside[:, None, None, :],
         dtype=_bias_dtype(q.dtype),
     )
-    return _Call(q.transpose(1, 2), k, v, mask, False, scale)
+    return _Call(q.transpose(1, 2), k, v, mask, False, kw.scale)
 
 
-#: The calls each kind of adapter makes, per entry point (``Problem.mode``).
-_MASKED_CALLS: Mapping[str, Callable[..., _Call]] = {
-    "dense": _dense_call,
-    "varlen": _varlen_call,
-    "kvcache": _kvcache_call,
+#: Per entry point: the call a backend that takes a mask makes (``body(*positional, kw)``) and how
+#: SDPA's (B, H, N, D) output becomes the entry point's.
+_BUILDS: Mapping[str, tuple[Callable[..., _Call], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "dense": (_dense_call, lambda o: o),
+    "varlen": (_varlen_call, lambda o: o[0].transpose(0, 1)),  # o (Tq, Hq, Dv)
+    "kvcache": (_kvcache_call, lambda o: o.transpose(1, 2)),  # o (B, Nq, Hq, Dv)
 }
-_PLAIN_CALLS: Mapping[str, Callable[..., _Call]] = {"dense": _plain_call}
+#: The calls each kind of adapter makes, per entry point (``Problem.mode``), with its signature.
+_MASKED_CALLS: Mapping[str, Callable[..., _Call]] = {
+    mode: entry_point(mode, _KEYWORDS[mode])(build) for mode, (build, _) in _BUILDS.items()
+}
+_PLAIN_CALLS: Mapping[str, Callable[..., _Call]] = {
+    "dense": entry_point("dense", _PLAIN_KEYWORDS)(_dense_call),
+}
 #: What a backend that takes a mask declares beyond the dense contract.
 _MASK_VARIANTS = dict(
     window=True,
@@ -342,16 +319,7 @@ def _make(name: str, backend: SDPBackend, caps: Capabilities, doc: str) -> Calla
     if caps.window:  # a backend that takes a mask: every variant a mask expresses
         attention = _with_masks(run)
     else:
-
-        def attention(
-            q: torch.Tensor,
-            k: torch.Tensor,
-            v: torch.Tensor,
-            *,
-            causal: bool = False,
-            scale: float | None = None,
-        ) -> torch.Tensor:
-            return run(_dense_call(q, k, v, causal=causal, scale=scale))
+        attention = entry_point("dense", _PLAIN_KEYWORDS)(lambda q, k, v, kw: run(_dense_call(q, k, v, kw)))
 
     attention.__doc__ = doc
     attention.__name__ = attention.__qualname__ = name
@@ -382,72 +350,24 @@ def _seeded(device: torch.device, seed: int | None) -> Iterator[None]:
 
 
 def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
-    """The dense, varlen and decode entry points of a backend that takes a mask."""
+    """The dense, varlen and decode entry points of a backend that takes a mask: each builds its
+    call (:data:`_BUILDS`), runs it and gives SDPA's output the entry point's layout."""
 
-    def attention(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        *,
-        causal: bool = False,
-        scale: float | None = None,
-        window_size: tuple[int, int] | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        dropout_seed: int | None = None,
-    ) -> torch.Tensor:
-        call = _dense_call(
-            q, k, v, causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
-            dropout_p=dropout_p, dropout_seed=dropout_seed,
-        )
-        return run(call)
+    def entry(mode: str, doc: str | None) -> Callable:
+        build, output = _BUILDS[mode]
 
-    def varlen(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens_q: torch.Tensor,
-        cu_seqlens_k: torch.Tensor,
-        max_seqlen_q: int,
-        max_seqlen_k: int,
-        *,
-        causal: bool = False,
-        scale: float | None = None,
-        window_size: tuple[int, int] | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-        dropout_p: float = 0.0,
-        dropout_seed: int | None = None,
-    ) -> torch.Tensor:
-        """Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv)."""
-        call = _varlen_call(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
-            dropout_p=dropout_p, dropout_seed=dropout_seed,
-        )
-        return run(call)[0].transpose(0, 1)
+        @entry_point(mode, _KEYWORDS[mode])
+        def call(*args: object) -> torch.Tensor:
+            return output(run(build(*args)))
 
-    def kvcache(
-        q: torch.Tensor,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
-        *,
-        cache_seqlens: torch.Tensor,
-        block_table: torch.Tensor | None = None,
-        num_splits: int = 0,
-        causal: bool = False,
-        scale: float | None = None,
-        window_size: tuple[int, int] | None = None,
-        alibi_slopes: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """KV-cache decode (``flash_attn_with_kvcache``), forward only: o (B, Nq, Hq, Dv)."""
-        call = _kvcache_call(
-            q, k_cache, v_cache, cache_seqlens=cache_seqlens, block_table=block_table, num_splits=num_splits,
-            causal=causal, scale=scale, window_size=window_size, alibi_slopes=alibi_slopes,
-        )
-        return run(call).transpose(1, 2)
+        call.__doc__, call.__name__ = doc, mode
+        return call
 
-    attention.varlen = varlen
-    attention.kvcache = kvcache
+    attention = entry("dense", None)
+    attention.varlen = entry("varlen", "Packed sequences (``flash_attn_varlen_func``): o (Tq, Hq, Dv).")
+    attention.kvcache = entry(
+        "kvcache", "KV-cache decode (``flash_attn_with_kvcache``), forward only: o (B, Nq, Hq, Dv)."
+    )
     return attention
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from flashprop.contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache, Limit
+from flashprop.contract.entry_points import KEYWORDS, Keywords, entry_point
 from flashprop.contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS, FP8_DTYPES, OUTPUT_DTYPE
 from flashprop.contract.problem import Problem
 from flashprop.contract.validate import (
@@ -420,13 +421,8 @@ class _FlashAttention(torch.autograd.Function):
         return dq, dk, dv, dsinks, None, None, None, None, None, None, None, None
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-              scale: float | None = None, block_m: int | None = None,
-              block_n: int | None = None, window_size: tuple[int, int] | None = None,
-              softcap: float = 0.0, alibi_slopes: Tensor | None = None,
-              sinks: Tensor | None = None, dropout_p: float = 0.0, dropout_seed: int | None = None,
-              q_descale: Tensor | None = None, k_descale: Tensor | None = None,
-              v_descale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+@entry_point("dense", KEYWORDS["dense"])  # every keyword of the contract
+def attention(q: Tensor, k: Tensor, v: Tensor, kw: Keywords) -> tuple[Tensor, Tensor]:
     """Fused FlashAttention-2: returns (o, lse).
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv), any strides, Hq % Hkv == 0.
@@ -447,22 +443,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     ``v_descale`` of shape (), (Hkv,) or (B, Hkv) (FlashAttention-3's; left out: 1), forward only,
     o in bfloat16; no dropout.
     """
-    tiles = _check_inputs(q, k, v, scale, block_m, block_n)
+    tiles = _check_inputs(q, k, v, kw.scale, kw.block_m, kw.block_n)
     b, hq, nq, _ = q.shape
-    var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
-                         alibi_slopes=alibi_slopes, sinks=sinks, dropout_p=dropout_p,
-                         dropout_seed=dropout_seed)
-    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, shapes=_FP8.descales)
-    return _attend(q, k, v, var, descales, causal, scale, tiles, (nq, k.shape[2]), None)
+    var = check_variants(b, hq, q.device, **kw.variants)
+    descales = check_fp8(q, k, v, kw.q_descale, kw.k_descale, kw.v_descale, shapes=_FP8.descales)
+    return _attend(q, k, v, var, descales, kw.causal, kw.scale, tiles, (nq, k.shape[2]), None)
 
 
-def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
-           max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
-           scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
-           window_size: tuple[int, int] | None = None, softcap: float = 0.0,
-           alibi_slopes: Tensor | None = None, sinks: Tensor | None = None, dropout_p: float = 0.0,
-           dropout_seed: int | None = None, q_descale: Tensor | None = None,
-           k_descale: Tensor | None = None, v_descale: Tensor | None = None) -> tuple[Tensor, Tensor]:
+@entry_point("varlen", KEYWORDS["varlen"])
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+           kw: Keywords) -> tuple[Tensor, Tensor]:
     """Packed sequences (``flash_attn_varlen_func``'s signature): returns (o, lse).
 
     q (Tq, Hq, D), k (Tk, Hkv, D), v (Tk, Hkv, Dv) token-major, any strides; sequence s holds
@@ -476,14 +466,13 @@ def varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: 
     sequences. Dropout: sequence s's mask is batch element s's, at its own positions; FP8 with
     (B, Hkv) descales: row s for sequence s."""
     count, tiles = _check_varlen_inputs(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                        max_seqlen_k, scale, block_m, block_n)
-    var = check_variants(count, q.shape[1], q.device, window_size=window_size, softcap=softcap,
-                         alibi_slopes=alibi_slopes, sinks=sinks, dropout_p=dropout_p,
-                         dropout_seed=dropout_seed)
-    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, batch=count, shapes=_FP8.descales)
+                                        max_seqlen_k, kw.scale, kw.block_m, kw.block_n)
+    var = check_variants(count, q.shape[1], q.device, **kw.variants)
+    descales = check_fp8(q, k, v, kw.q_descale, kw.k_descale, kw.v_descale, batch=count,
+                         shapes=_FP8.descales)
     pack = _Pack(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
                  count)
-    return _attend(q, k, v, var, descales, causal, scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
+    return _attend(q, k, v, var, descales, kw.causal, kw.scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, var: Variants, descales: Descales | None, causal: bool,
@@ -610,12 +599,14 @@ attention.capabilities = _capabilities()
 attention.last_launch = last_launch
 
 
-def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, **kwargs) -> tuple[Tensor, Tensor]:
-    """KV-cache decode, forward only: :func:`kernels.triton_decode.kvcache`, imported at the first
-    call (that module builds on this one's helpers: importing it here would be a cycle)."""
+@entry_point("kvcache", KEYWORDS["kvcache"])
+def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, kw: Keywords) -> tuple[Tensor, Tensor]:
+    """KV-cache decode, forward only: :func:`kernels.triton_decode.kvcache` (its body, given the
+    bound keywords), imported at the first call (that module builds on this one's helpers:
+    importing it here would be a cycle)."""
     from flashprop.kernels.triton_decode import kvcache
 
-    return kvcache(q, k_cache, v_cache, **kwargs)
+    return kvcache.__wrapped__(q, k_cache, v_cache, kw)
 
 
 attention.kvcache = _kvcache

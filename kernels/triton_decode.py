@@ -87,6 +87,7 @@ import torch
 import triton
 import triton.language as tl
 from flashprop.contract.capabilities import KVCache
+from flashprop.contract.entry_points import KEYWORDS, Keywords, entry_point
 from flashprop.contract.fp8 import is_fp8
 from flashprop.contract.validate import (
     check_cache_scales,
@@ -565,25 +566,8 @@ def _acc(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
-def kvcache(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    *,
-    cache_seqlens: Tensor,
-    block_table: Tensor | None = None,
-    num_splits: int = 0,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: Tensor | None = None,
-    sinks: Tensor | None = None,
-    k_scale: Tensor | None = None,
-    v_scale: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+@entry_point("kvcache", KEYWORDS["kvcache"])  # every keyword of the contract
+def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, kw: Keywords) -> tuple[Tensor, Tensor]:
     """KV-cache decode (``flash_attn_with_kvcache``), forward only: returns (o, lse).
 
     q (B, Nq, Hq, D); k_cache, v_cache (B, Ncache, Hkv, D / Dv), or paged (num_pages, page_size,
@@ -598,6 +582,8 @@ def kvcache(
     ``check_variants`` and ``check_cache_scales`` (clear errors for malformed lengths, tables,
     splits and scales).
     """
+    cache_seqlens, block_table, num_splits = kw.cache_seqlens, kw.block_table, kw.num_splits
+    scale, block_m, block_n = kw.scale, kw.block_m, kw.block_n
     _check_tensors(q, k_cache, v_cache, scale, block_m, block_n)
     # shapes, dtypes and num_splits now; the values of the lengths and the table beside the launch
     capacity = check_decode(q, k_cache, v_cache, cache_seqlens, block_table, num_splits, MAX_SPLITS,
@@ -605,10 +591,10 @@ def kvcache(
     b, nq, hq, d = q.shape
     hkv, dv = k_cache.shape[2], v_cache.shape[3]
     _check_declared(q, k_cache, block_table, hkv)
-    fp8 = check_cache_scales(q, k_cache, v_cache, k_scale, v_scale, shapes=DECLARATION_FP8.cache_scales)
-    var = check_variants(b, hq, q.device, window_size=window_size, softcap=softcap,
-                         alibi_slopes=alibi_slopes, sinks=sinks)
-    band_causal, window = ta.resolve_band(bool(causal), var.window, nq, capacity)
+    fp8 = check_cache_scales(q, k_cache, v_cache, kw.k_scale, kw.v_scale,
+                             shapes=DECLARATION_FP8.cache_scales)
+    var = check_variants(b, hq, q.device, **kw.variants)
+    band_causal, window = ta.resolve_band(bool(kw.causal), var.window, nq, capacity)
     mods = ta._Mods(band_causal, window, var.softcap, var.alibi_slopes, var.sinks)
     sm_scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
 

@@ -77,6 +77,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache
+from ..contract.entry_points import KEYWORDS, Keywords, entry_point
 from ..contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS, is_fp8
 from ..contract.outputs import output_dtype
 from ..contract.validate import (
@@ -445,23 +446,12 @@ def _settings(
 
 
 def _variants(
-    q: torch.Tensor,
-    batch: int,
-    hq: int,
-    window_size: tuple[int, int] | None,
-    softcap: float,
-    alibi_slopes: torch.Tensor | None,
-    sinks: torch.Tensor | None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
+    q: torch.Tensor, batch: int, hq: int, kw: Keywords
 ) -> tuple[Window, float, torch.Tensor | None, Dropout | None]:
-    """Check the variant keywords (:func:`contract.validate.check_variants`); returns the window
-    (``(-1, -1)``: none), the softcap, the ALiBi slopes as (batch, Hq) in the accumulator dtype
-    (``None``: no ALiBi) and the dropout (``None`` at p = 0)."""
-    var = check_variants(
-        batch, hq, q.device, window_size=window_size, softcap=softcap,
-        alibi_slopes=alibi_slopes, sinks=sinks, dropout_p=dropout_p, dropout_seed=dropout_seed,
-    )
+    """Check the call's variant keywords (:func:`contract.validate.check_variants`); returns the
+    window (``(-1, -1)``: none), the softcap, the ALiBi slopes as (batch, Hq) in the accumulator
+    dtype (``None``: no ALiBi) and the dropout (``None`` at p = 0)."""
+    var = check_variants(batch, hq, q.device, **kw.variants)
     slopes = None if var.alibi_slopes is None else var.alibi_slopes.expand(batch, hq).to(_acc_dtype(q.dtype))
     return var.window or (-1, -1), var.softcap, slopes, dropout_of(var.dropout_p, var.dropout_seed)
 
@@ -524,77 +514,47 @@ def _cache_lengths(
 
 
 # ------------------------------------------------------------------------------ entry points
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-    order: Order = NATURAL,
-) -> tuple[torch.Tensor, torch.Tensor]:
+#: What the entry points return: ``(o, lse)``.
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+# Each takes every keyword of the contract (``contract/entry_points.py``); the body's ``order``
+# (the tile loops' summation order, :class:`Order`) is ``ref-reordered``'s, which calls the body
+# (``__wrapped__``) with its own.
+@entry_point("dense", KEYWORDS["dense"])
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: Keywords,
+              order: Order = NATURAL) -> Pair:
     """Blocked FlashAttention-2 ``(o, lse)`` with bottom-right causal alignment; any tile sizes.
 
     q (B, Hq, Nq, D), k (B, Hkv, Nk, D), v (B, Hkv, Nk, Dv); o (B, Hq, Nq, Dv), lse (B, Hq, Nq).
-    Differentiable in q, k, v and ``sinks``. ``order``: the tile loops' summation order (:class:`Order`).
-    FP8 q, k, v with their descales: forward only, o in bfloat16."""
+    Differentiable in q, k, v and ``sinks``. FP8 q, k, v with their descales: forward only, o in
+    bfloat16."""
     check_dense(q, k, v)
-    scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
+    scale, block_m, block_n = _settings(q, k, v, kw.scale, kw.block_m, kw.block_n)
     b, hq = q.shape[:2]
-    window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
-                                                 dropout_p, dropout_seed)
-    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, shapes=attention.capabilities.fp8.descales)
+    window, softcap, slopes, dropout = _variants(q, b, hq, kw)
+    descales = check_fp8(q, k, v, kw.q_descale, kw.k_descale, kw.v_descale,
+                         shapes=attention.capabilities.fp8.descales)
+    causal, sinks = kw.causal, kw.sinks
     fp8 = _fp8_inputs(descales, hq, "attention", (q, k, v, sinks), dropout)
     return _BlockedAttention.apply(q, k, v, sinks, causal, scale, block_m, block_n, window, softcap, slopes,
                                    order, dropout, fp8)
 
 
-def varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-    order: Order = NATURAL,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@entry_point("varlen", KEYWORDS["varlen"])
+def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, kw: Keywords,
+           order: Order = NATURAL) -> Pair:
     """Packed sequences (``flash_attn_varlen_func``): q (Tq, Hq, D), k (Tk, Hkv, D),
-    v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``;
-    ``order`` as :func:`attention`'s. Sequence s drops as batch element s of a dense call, and
-    reads row s of (B, Hkv) FP8 descales."""
+    v (Tk, Hkv, Dv) -> o (Tq, Hq, Dv), lse (Hq, Tq). Differentiable in q, k, v and ``sinks``.
+    Sequence s drops as batch element s of a dense call, and reads row s of (B, Hkv) FP8
+    descales."""
     seqs = _sequences(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    scale, block_m, block_n = _settings(q, k, v, scale, block_m, block_n)
+    scale, block_m, block_n = _settings(q, k, v, kw.scale, kw.block_m, kw.block_n)
     b, hq = len(seqs), q.shape[1]
-    window, softcap, slopes, dropout = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks,
-                                                 dropout_p, dropout_seed)
-    descales = check_fp8(q, k, v, q_descale, k_descale, v_descale, batch=b,
+    window, softcap, slopes, dropout = _variants(q, b, hq, kw)
+    descales = check_fp8(q, k, v, kw.q_descale, kw.k_descale, kw.v_descale, batch=b,
                          shapes=attention.capabilities.fp8.descales)
+    causal, sinks = kw.causal, kw.sinks
     fp8 = _fp8_inputs(descales, hq, "varlen", (q, k, v, sinks), dropout)
     outs, lses = [], []
     for s, (sq, sk) in enumerate(seqs):
@@ -608,36 +568,21 @@ def varlen(
     return torch.cat(outs), torch.cat(lses, dim=1)
 
 
-def kvcache(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    *,
-    cache_seqlens: torch.Tensor,
-    block_table: torch.Tensor | None = None,
-    num_splits: int = 0,
-    causal: bool = False,
-    scale: float | None = None,
-    block_m: int | None = None,
-    block_n: int | None = None,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    k_scale: torch.Tensor | None = None,
-    v_scale: torch.Tensor | None = None,
-    order: Order = NATURAL,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@entry_point("kvcache", KEYWORDS["kvcache"])
+def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kw: Keywords,
+            order: Order = NATURAL) -> Pair:
     """KV-cache decode (``flash_attn_with_kvcache``), forward only: q (B, Nq, Hq, D), cache
     (B, Ncache, Hkv, D) or paged (num_pages, page_size, Hkv, D) with ``block_table``
     (B, max_pages) -> o (B, Nq, Hq, Dv), lse (B, Hq, Nq). ``num_splits``: split-KV runs
-    (0: the kernel chooses, and it chooses 1); ``order`` as :func:`attention`'s. An FP8 cache
-    takes ``k_scale``, ``v_scale`` of shape () or (Hkv,) (float16 or bfloat16 q)."""
-    _forward_only("kvcache", (q, k_cache, v_cache, alibi_slopes, sinks))
-    lengths = _cache_lengths(q, k_cache, v_cache, cache_seqlens, block_table, num_splits)
-    scale, block_m, block_n = _settings(q, k_cache, v_cache, scale, block_m, block_n, cache=True)
+    (0: the kernel chooses, and it chooses 1). An FP8 cache takes ``k_scale``, ``v_scale`` of
+    shape () or (Hkv,) (float16 or bfloat16 q)."""
+    causal, sinks, block_table, num_splits = kw.causal, kw.sinks, kw.block_table, kw.num_splits
+    k_scale, v_scale = kw.k_scale, kw.v_scale
+    _forward_only("kvcache", (q, k_cache, v_cache, kw.alibi_slopes, sinks))
+    lengths = _cache_lengths(q, k_cache, v_cache, kw.cache_seqlens, block_table, num_splits)
+    scale, block_m, block_n = _settings(q, k_cache, v_cache, kw.scale, kw.block_m, kw.block_n, cache=True)
     b, nq, hq, _ = q.shape
-    window, softcap, slopes, _ = _variants(q, b, hq, window_size, softcap, alibi_slopes, sinks)
+    window, softcap, slopes, _ = _variants(q, b, hq, kw)
     fp8 = _fp8(check_cache_scales(q, k_cache, v_cache, k_scale, v_scale,
                                   shapes=attention.capabilities.fp8.cache_scales), hq)
     o = torch.empty((b, nq, hq, v_cache.shape[3]), dtype=q.dtype, device=q.device)

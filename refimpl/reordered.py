@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from ..contract.entry_points import KEYWORDS, entry_point
 from . import blocked
 
 #: Columns of the head dim per tile of the D-tiled products: 3 divides none of the drawn powers
@@ -40,23 +41,28 @@ def _check_dtype(q: torch.Tensor) -> None:
         raise TypeError(f"ref-reordered is float64 only; got {q.dtype}")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> Pair:
+# The entry points take ``ref-blocked``'s keywords (every keyword of the contract) and run its
+# bodies (``__wrapped__``: the bound positional arguments and keywords) in REORDERED order.
+@entry_point("dense", KEYWORDS["dense"])
+def attention(q: torch.Tensor, *args: object) -> Pair:
     """:func:`refimpl.blocked.attention` (same arguments, same ``(o, lse)``) in :data:`REORDERED`
     order; float64 only."""
     _check_dtype(q)
-    return blocked.attention(q, k, v, order=REORDERED, **kwargs)
+    return blocked.attention.__wrapped__(q, *args, REORDERED)
 
 
-def varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args, **kwargs) -> Pair:
+@entry_point("varlen", KEYWORDS["varlen"])
+def varlen(q: torch.Tensor, *args: object) -> Pair:
     """:func:`refimpl.blocked.varlen` in :data:`REORDERED` order; float64 only."""
     _check_dtype(q)
-    return blocked.varlen(q, k, v, *args, order=REORDERED, **kwargs)
+    return blocked.varlen.__wrapped__(q, *args, REORDERED)
 
 
-def kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, **kwargs) -> Pair:
+@entry_point("kvcache", KEYWORDS["kvcache"])
+def kvcache(q: torch.Tensor, *args: object) -> Pair:
     """:func:`refimpl.blocked.kvcache` in :data:`REORDERED` order; float64 only."""
     _check_dtype(q)
-    return blocked.kvcache(q, k_cache, v_cache, order=REORDERED, **kwargs)
+    return blocked.kvcache.__wrapped__(q, *args, REORDERED)
 
 
 attention.varlen = varlen
