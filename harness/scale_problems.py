@@ -217,15 +217,17 @@ def boundary_note(p: Problem) -> str:
 # ------------------------------------------------------------------------------ declarations
 def proxy(p: Problem) -> Problem:
     """The problem a kernel's ``limits`` are asked about: ``p`` with each sequence length cut
-    to at most 5 (Nq == Nk, Nq < Nk and Nq > Nk kept as they are), dense and contiguous. A
-    limit may build the problem's tensors (the SDPA adapters ask PyTorch's dispatcher about the
-    very call), which at 2^31 elements takes minutes on the host; size limits belong in
-    ``max_seqlen`` and ``max_elements``, which are checked on ``p`` itself."""
+    to at most 5 (Nq == Nk, Nq < Nk and Nq > Nk kept as they are), dense and contiguous, its
+    batch, heads and number of sequences kept (a limit on B x Hq, a grid dimension, must see
+    them: the H200 found a huge varlen problem of 257 sequences x 256 heads drawn as declared
+    while the proxy kept two sequences). A limit may build the problem's tensors (the SDPA
+    adapters ask PyTorch's dispatcher about the very call), which at 2^31 elements takes
+    minutes on the host; size limits belong in ``max_seqlen`` and ``max_elements``, which are
+    checked on ``p`` itself."""
     nq = min(p.nq, 4 + (p.nq > p.nk))
     nk = min(p.nk, 4 + (p.nk > p.nq))
-    seqlens = None if p.seqlens is None else tuple((min(a, 5), min(b, 5)) for a, b in p.seqlens[:2])
-    b = p.b if seqlens is None else len(seqlens)
-    return p.replace(nq=nq, nk=nk, b=b, seqlens=seqlens, layout="contiguous")
+    seqlens = None if p.seqlens is None else tuple((min(a, 5), min(b, 5)) for a, b in p.seqlens)
+    return p.replace(nq=nq, nk=nk, seqlens=seqlens, layout="contiguous")
 
 
 def undeclared_reason(caps: Capabilities, p: Problem) -> str | None:

@@ -16,7 +16,7 @@ import math
 
 import pytest
 import torch
-from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities
+from flashprop.contract.capabilities import FULL_SUPPORT, Capabilities, Limit
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel, load_kernel
 from flashprop.harness import scale_problems
@@ -120,6 +120,25 @@ def test_huge_independence_skips_what_max_elements_refuses(axis: str):
     full = Kernel(name="meta-full", fn=lambda q, k, v: q, capabilities=Capabilities(varlen=True))
     assert test_huge.huge_skip_reason(full, "cuda", axis) is None
     assert "for a GPU" in test_huge.huge_skip_reason(full, "cpu", axis)
+
+
+GRID_LIMIT_65535 = Limit(reason="batch * heads above 65535 (a CUDA grid dimension)",
+                         applies=lambda p: p.b * p.hq > 65535)
+
+
+@settings(max_examples=30)
+@given(st.data())
+def test_huge_varlen_draws_respect_a_limit_on_batch_times_heads(data: st.DataObject):
+    """A limit on B x Hq sees a huge varlen problem's number of sequences: the H200 drew, for
+    the triton kernel (which declares this limit), Problem(b=257, hq=256, ...) with 257
+    sequences as declared, because the problem its limits were asked about kept two sequences.
+    Draws respect the limit, and the problem found there is undeclared, naming it."""
+    caps = Capabilities(varlen=True, limits=(GRID_LIMIT_65535,))
+    p: Problem = data.draw(huge_problems(caps, "varlen", device="cuda", budget=BUDGET))
+    assert p.b * p.hq <= 65535
+    found = Problem(b=257, hq=256, hkv=64, nq=512, nk=512, d=16, dv=64, dtype=torch.float16,
+                    device="cuda", seqlens=((512, 512),) * 257)
+    assert GRID_LIMIT_65535.reason in (undeclared_reason(caps, found) or "")
 
 
 #: Problems past a boundary moved to element 3000, one per axis (causal or not, GQA, Nq != Nk).
