@@ -37,12 +37,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: flashprop/
 
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache
+from flashprop.contract.masks import mask_mod, score_mod
 from flashprop.contract.problem import Problem
 from flashprop.harness.strategies import TILE_EDGES, Sizes, device_sizes, problems
 from flashprop.harness.variant_problems import variant_problems
 from flashprop.refimpl.golden import default_scale, expand_kv
 from flashprop.refimpl.layouts import kvcache_apply, varlen_apply
-from flashprop.refimpl.masks import mask_mod, score_mod
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 

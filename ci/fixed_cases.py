@@ -40,10 +40,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from flashprop.contract.masks import visible_mask
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import BENCH_ANCHORS, Kernel, load_kernel
 from flashprop.harness.tolerance import Conditioning, compare
-from flashprop.refimpl import attention_yardstick, visible_mask
+from flashprop.refimpl import attention_yardstick
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout (the benchmarks run from it)
 NAMES = ("o", "lse", "dq", "dk", "dv")

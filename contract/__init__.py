@@ -4,7 +4,9 @@
 ``KVCache``); ``problem.py``: an attention problem and its tensors, which declarations are read
 against; ``registry.py``: kernels by name or spec (``load_kernel``, ``Kernel``, ``BUILTIN``);
 ``validate.py``: the input checks adapters share, so that what a kernel refuses it refuses with
-the errors the contract names; ``entry_points.py``: the three entry points' signatures, written
+the errors the contract names; ``masks.py``: which keys a query sees (causal alignment, the
+window) and the score mods (softcap, ALiBi), which the references and the mask-based adapters
+apply; ``entry_points.py``: the three entry points' signatures, written
 once (``@entry_point("varlen", keywords=(...))`` gives flashprop's own adapters theirs).
 
 To add a kernel adapter:

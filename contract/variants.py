@@ -12,7 +12,7 @@ How to add a variant: its row here, with its keywords and their defaults (``_kw(
 the entry points' signatures, ``contract/entry_points.py``, are built from them; and its
 :class:`~contract.problem.Problem` field and ``Capabilities`` field, which the row's functions
 read); its keyword's check in
-``contract/validate.py``; its score or mask modifier in ``refimpl/masks.py`` (the golden, the
+``contract/validate.py``; its score or mask modifier in ``contract/masks.py`` (the golden, the
 yardstick and ``ref-blocked`` apply the modifiers there); its strategy in
 ``harness/variant_problems.py``. ``meta/test_meta_variants.py`` checks every row against them.
 A stochastic variant (dropout) has no elementwise golden for a kernel's own random numbers: its

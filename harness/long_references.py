@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..contract.masks import causal_offset
 from ..refimpl import attention_golden, attention_golden_backward, attention_yardstick
-from ..refimpl.masks import causal_offset
 from .check import Outputs, yardstick_precision
 from .tolerance import Comparison, Conditioning, compare
 

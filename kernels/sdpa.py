@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
 from flashprop.contract.entry_points import Keywords, entry_point
+from flashprop.contract.masks import visible_mask
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_decode,
@@ -67,7 +68,6 @@ from flashprop.contract.validate import (
     check_variants,
     check_varlen,
 )
-from flashprop.refimpl.masks import visible_mask
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 _LOW = frozenset({torch.float16, torch.bfloat16})

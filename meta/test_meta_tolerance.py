@@ -5,7 +5,7 @@ from a wrong one; it must exceed the golden's own error, with room for a kernel 
 differently. :class:`Exact` computes tiny problems in mpmath at :data:`DIGITS` digits from the
 definition (o and lse row by row; the gradients of ``sum(dO * o)`` by central differences of
 step :data:`STEP`, whose truncation and cancellation errors are below 1e-30 relative), sharing no
-arithmetic with the golden (only ``refimpl.masks``' visibility rule). Against it:
+arithmetic with the golden (only ``contract.masks``' visibility rule). Against it:
 
 - the float64 golden (forward, backward, dsinks) stays within ``GOLDEN_ULPS`` units of the floor's
   scale, and within a quarter of the floor itself, on plain, softcap, ALiBi, sinks and window
@@ -23,6 +23,7 @@ import mpmath
 import pytest
 import torch
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities
+from flashprop.contract.masks import causal_offset, visible_mask
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel, load_kernel
 from flashprop.harness import tolerance
@@ -34,7 +35,6 @@ from flashprop.harness.tolerance import GOLDEN_ULPS, budget, conditioning, finit
 from flashprop.harness.variant_problems import variant_problems
 from flashprop.refimpl import attention_golden, attention_golden_backward
 from flashprop.refimpl.blocked import attention as blocked_attention
-from flashprop.refimpl.masks import causal_offset, visible_mask
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -2,7 +2,7 @@
 
 :func:`definition` computes attention straight from docs/variants.md, one (i, j) pair at a time
 (Python loops over the visibility and bias rules, a dense float64 softmax with the sink as one
-more column, gradients by autograd), sharing no code with ``refimpl.masks``. The streaming
+more column, gradients by autograd), sharing no code with ``contract.masks``. The streaming
 golden (dense, varlen per sequence, decode on the gathered cache) must equal it, forward and
 backward (dsinks included), within the float64 floor.
 """

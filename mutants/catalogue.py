@@ -128,8 +128,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "blocked_causal_top_left",
         BLOCKED,
-        "from .masks import causal_offset\n",
-        "from .masks import causal_offset as _aligned_offset\n\n\n"
+        "from ..contract.masks import causal_offset\n",
+        "from ..contract.masks import causal_offset as _aligned_offset\n\n\n"
         "def causal_offset(nq, nk):\n"
         "    return _aligned_offset(nq, nk, 'top-left')\n",
         "causal aligned top-left",

@@ -48,6 +48,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from flashprop.contract.masks import visible_mask
 from flashprop.contract.problem import KernelInputs, Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.check import (
@@ -67,7 +68,6 @@ from flashprop.properties.test_determinism import _bitwise_differences
 from flashprop.properties.test_gradcheck import _tiny
 from flashprop.refimpl import attention_golden
 from flashprop.refimpl.golden import expand_kv
-from flashprop.refimpl.masks import visible_mask
 from hypothesis import strategies as st
 
 #: The chance that a statistical property fails a correct kernel, per example, at most.

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from flashprop.contract.masks import causal_offset
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.agreement import assert_agree, budgets, pairs, references_on, restrict, total
 from flashprop.harness.check import run_kernel, run_property
 from flashprop.harness.strategies import problems
-from flashprop.refimpl.masks import causal_offset
 
 
 def _shift_constant(problem: Problem) -> float:

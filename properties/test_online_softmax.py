@@ -22,12 +22,13 @@ from typing import TypeVar
 
 import pytest
 import torch
+from flashprop.contract.masks import visible_mask
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import Kernel
 from flashprop.harness.agreement import assert_agree, budgets, pairs, references_on
 from flashprop.harness.check import Outputs, run_kernel, run_property
 from flashprop.harness.strategies import problems
-from flashprop.refimpl import attention_golden, visible_mask
+from flashprop.refimpl import attention_golden
 from flashprop.refimpl.online_softmax import SoftmaxState, merge_partials
 from hypothesis import given
 from hypothesis import strategies as st

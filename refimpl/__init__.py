@@ -2,13 +2,10 @@
 and a blocked FlashAttention-2 kernel in plain PyTorch."""
 
 from .golden import attention_golden, attention_golden_backward
-from .masks import causal_offset, visible_mask
 from .yardstick import attention_yardstick
 
 __all__ = [
     "attention_golden",
     "attention_golden_backward",
     "attention_yardstick",
-    "causal_offset",
-    "visible_mask",
 ]

@@ -18,7 +18,7 @@ Forward, for each query tile Q_i (block_m rows), over key tiles K_j, V_j (block_
 With ``c = Nk - Nq`` (bottom-right alignment), key j is visible from query i iff ``j < Nk``,
 ``j <= i + c`` when causal, and ``i + c - left <= j <= i + c + right`` for
 ``window_size=(left, right)`` (-1 leaves that side unbounded; with causal the right edge is also
-the diagonal). These are :mod:`refimpl.masks`' mask and score mods, in that order. Key tiles
+the diagonal). These are :mod:`contract.masks`' mask and score mods, in that order. Key tiles
 that no row of the query tile sees (above the causal diagonal, outside the window) are skipped.
 
 A sink logit z_h (one per query head, natural-log units, not scaled) is a key with no value: the
@@ -79,6 +79,7 @@ import torch
 from ..contract.capabilities import ALIBI_SHAPES, FP8, Capabilities, KVCache
 from ..contract.entry_points import KEYWORDS, Keywords, entry_point
 from ..contract.fp8 import CACHE_SCALE_SHAPES, DESCALE_SHAPES, FORMATS, is_fp8
+from ..contract.masks import causal_offset
 from ..contract.outputs import output_dtype
 from ..contract.validate import (
     Descales,
@@ -93,7 +94,6 @@ from ..contract.validate import (
 from .dropout import Dropout, dropout_of
 from .dropout import dropout_mask as _keep_mask
 from .golden import default_scale
-from .masks import causal_offset
 from .online_softmax import merge_partials
 
 NEG_INF = float("-inf")

@@ -12,7 +12,7 @@ backward streams over key chunks with the saved lse, so memory is O(N * chunk), 
 
 dK and dV of a kv head are summed over the query heads of its group.
 
-Variants (``docs/variants.md``) enter as FlexAttention-style mods (:mod:`refimpl.masks`): a
+Variants (``docs/variants.md``) enter as FlexAttention-style mods (:mod:`contract.masks`): a
 score mod (softcap, ALiBi) rewrites each chunk's scaled logits ``s = f(scale * q k^T)`` before
 the mask mod (causal, sliding window) masks them; the backward chains ``dS`` through ``f``
 (``dS_raw = dS * f'``, by float64 autograd on the chunk). A sink logit ``z_h`` starts every row's
@@ -44,9 +44,9 @@ import math
 import torch
 
 from ..contract.fp8 import dequantise, is_fp8, unit_roundoff
+from ..contract.masks import mask_mod, score_mod
 from ..contract.validate import check_dense
 from .dropout import dropout_weights
-from .masks import mask_mod, score_mod
 from .online_softmax import NEG_INF, SoftmaxState
 
 DEFAULT_CHUNK = 1024

@@ -5,7 +5,7 @@ implementation makes on the same problem, in the same dtype. The tolerance model
 kernel's error against the golden in units of the yardstick's error. It materialises the
 (Nq, Nk) score matrix, so it is for test-sized problems only. Gradients come from autograd
 through it, in the input dtype. Variants are applied with the golden's mods
-(:mod:`refimpl.masks`); sinks are one more logit column with no value; dropout multiplies the
+(:mod:`contract.masks`); sinks are one more logit column with no value; dropout multiplies the
 normalised probabilities by ``M / (1 - p)`` (:mod:`refimpl.dropout`).
 
 FP8 (``docs/variants.md``) is computed as an FP8 kernel computes it, plainly:
@@ -24,10 +24,10 @@ from __future__ import annotations
 import torch
 
 from ..contract.fp8 import OUTPUT_DTYPE, is_fp8, per_query_head
+from ..contract.masks import mask_mod, score_mod
 from ..contract.validate import check_dense
 from .dropout import dropout_weights
 from .golden import default_scale, expand_kv
-from .masks import mask_mod, score_mod
 
 
 def attention_yardstick(
