@@ -26,8 +26,12 @@ by its ``__qualname__``, which the error contract counts as a clear refusal. The
 positional arguments and then ``kw``, a frozen :class:`Keywords` record of every keyword of the
 contract: the call's (defaults applied), the rest at their defaults (off).
 
-This is for flashprop's own adapters: the contract asks a kernel for a callable, and a user's
-adapter with a plain hand-written signature is as good (``docs/kernels.md``).
+The references (``refimpl/golden.py``, ``refimpl/yardstick.py``) take the contract's keywords
+the same way, with parameters of their own beside them (``positional=``, ``extra=``: the golden's
+``alignment`` and ``chunk``, the backward's ``do``).
+
+This is for flashprop's own adapters and references: the contract asks a kernel for a callable,
+and a user's adapter with a plain hand-written signature is as good (``docs/kernels.md``).
 """
 
 from __future__ import annotations
@@ -35,11 +39,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .validate import check_variants
-from .variants import ENTRY_MODES, REQUIRED, TABLE
+from .variants import BY_NAME, ENTRY_MODES, REQUIRED, TABLE
 
 #: Per entry point (``Problem.mode``): its positional parameters.
 POSITIONAL: dict[str, tuple[str, ...]] = {
@@ -92,10 +96,18 @@ Keywords = dataclasses.make_dataclass("Keywords", _record_fields(), frozen=True,
                                       namespace={"variants": property(_variants), "__module__": __name__})
 
 
-def signature(mode: str, keywords: Iterable[str]) -> inspect.Signature:
+def keywords_of(*variants: str) -> tuple[str, ...]:
+    """The keywords of the variant table's rows named ``variants``, in the order given."""
+    return tuple(name for variant in variants for name in BY_NAME[variant].keywords)
+
+
+def signature(mode: str, keywords: Iterable[str], positional: tuple[str, ...] | None = None,
+              extra: Mapping[str, object] | None = None) -> inspect.Signature:
     """The signature of entry point ``mode`` taking the contract's ``keywords`` (in the canonical
-    order whatever the order given). A name that is no keyword of ``mode``, or a required keyword
-    left out, is a ``ValueError``: an adapter's mistake, found at import."""
+    order whatever the order given), after them ``extra``'s keywords with their defaults (a
+    reference's own, outside the contract), the positional parameters ``positional`` (default:
+    the entry point's). A name that is no keyword of ``mode``, or a required keyword left out, is
+    a ``ValueError``: an adapter's mistake, found at import."""
     if mode not in POSITIONAL:
         raise ValueError(f"no entry point {mode!r}: one of {sorted(POSITIONAL)}")
     contract = KEYWORDS[mode]
@@ -105,20 +117,28 @@ def signature(mode: str, keywords: Iterable[str]) -> inspect.Signature:
                          f"({', '.join(contract)})")
     if missing := [name for name, d in contract.items() if d is REQUIRED and name not in taken]:
         raise ValueError(f"the {mode} entry point requires the keyword(s) {', '.join(missing)}")
+    if clash := sorted(taken & set(extra or ())):
+        raise ValueError(f"{', '.join(clash)}: a keyword of the contract, not an extra one")
     P = inspect.Parameter
     return inspect.Signature([
-        *(P(name, P.POSITIONAL_OR_KEYWORD) for name in POSITIONAL[mode]),
+        *(P(name, P.POSITIONAL_OR_KEYWORD) for name in positional or POSITIONAL[mode]),
         *(P(name, P.KEYWORD_ONLY, default=d) for name, d in contract.items() if name in taken),
+        *(P(name, P.KEYWORD_ONLY, default=d) for name, d in (extra or {}).items()),
     ])
 
 
-def entry_point(mode: str, keywords: Iterable[str]) -> Callable[[Callable], Callable]:
-    """Decorate ``body(*positional, kw)`` into entry point ``mode`` taking ``keywords`` (the module
-    docstring). The result has ``__signature__`` (:func:`signature`) and ``keywords``, the
-    frozenset of the keywords it takes; ``__wrapped__`` is the body."""
-    sig = signature(mode, keywords)
-    positional = POSITIONAL[mode]
-    taken = tuple(name for name in sig.parameters if name not in positional)
+def entry_point(mode: str, keywords: Iterable[str], *, positional: tuple[str, ...] | None = None,
+                extra: Mapping[str, object] | None = None) -> Callable[[Callable], Callable]:
+    """Decorate ``body(*positional, kw, **extra)`` into entry point ``mode`` taking ``keywords``
+    (the module docstring). ``positional`` and ``extra`` are for the references, which take
+    parameters of their own (the golden backward's ``do``, the golden's ``alignment`` and
+    ``chunk``): the body gets ``extra``'s keywords as keywords. The result has ``__signature__``
+    (:func:`signature`) and ``keywords``, the frozenset of the contract's keywords it takes;
+    ``__wrapped__`` is the body."""
+    sig = signature(mode, keywords, positional, extra)
+    positional = positional or POSITIONAL[mode]
+    own = tuple(extra or ())
+    taken = tuple(name for name in sig.parameters if name not in positional and name not in own)
 
     def decorate(body: Callable) -> Callable:
         @functools.wraps(body)
@@ -130,7 +150,7 @@ def entry_point(mode: str, keywords: Iterable[str]) -> Callable[[Callable], Call
             bound.apply_defaults()
             values = bound.arguments
             kw = Keywords(**{name: values[name] for name in taken})
-            return body(*(values[name] for name in positional), kw)
+            return body(*(values[name] for name in positional), kw, **{name: values[name] for name in own})
 
         entry.__signature__ = sig.replace(return_annotation=inspect.signature(body).return_annotation)
         entry.keywords = frozenset(taken)

@@ -79,8 +79,9 @@ def test_every_folder_imports_only_the_layers_below_it():
             continue
         for name, line in imported_folders(path, folder).items():
             if name not in allowed:
-                crossings.append(f"{path.relative_to(ROOT)}:{line} imports {name}/ "
-                                 f"({folder}/ may import {', '.join(sorted(allowed)) or 'nothing of the tree'})")
+                may = ", ".join(sorted(allowed)) or "nothing of the tree"
+                where = f"{path.relative_to(ROOT)}:{line}"
+                crossings.append(f"{where} imports {name}/ ({folder}/ may import {may})")
     assert not crossings, "\n".join(crossings)
 
 

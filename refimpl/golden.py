@@ -43,6 +43,7 @@ import math
 
 import torch
 
+from ..contract.entry_points import Keywords, entry_point, keywords_of
 from ..contract.fp8 import dequantise, is_fp8, unit_roundoff
 from ..contract.masks import mask_mod, score_mod
 from ..contract.validate import check_dense
@@ -50,6 +51,15 @@ from .dropout import dropout_weights
 from .online_softmax import NEG_INF, SoftmaxState
 
 DEFAULT_CHUNK = 1024
+#: The contract's keywords the references take (``contract/entry_points.py``): the score and
+#: mask modifiers, dropout, FP8's descales.
+MODIFIER_KEYWORDS = ("causal", "scale", *keywords_of("window", "softcap", "alibi", "sinks"))
+DROPOUT_KEYWORDS = keywords_of("dropout")
+DESCALE_KEYWORDS = keywords_of("fp8")
+#: The references' own keywords: the causal alignment (the kernel's declaration), the key chunk
+#: the golden streams over, and a kernel's own dropout mask (``Capabilities.dropout_mask``) in
+#: place of the seeded one.
+REFERENCE_EXTRA = {"alignment": "bottom-right", "chunk": DEFAULT_CHUNK, "dropout_mask": None}
 
 
 def expand_kv(t: torch.Tensor, group: int) -> torch.Tensor:
@@ -74,10 +84,11 @@ def dequantised(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: to
     return q, k, v
 
 
-def _variant_mods(nq, nk, causal, alignment, window_size, softcap, alibi_slopes):
+def _variant_mods(nq: int, nk: int, alignment: str, kw: Keywords) -> tuple:
+    """The call's mask mod and score mod (:mod:`contract.masks`)."""
     return (
-        mask_mod(nq, nk, causal=causal, alignment=alignment, window=window_size),
-        score_mod(nq, nk, alignment=alignment, softcap=softcap, alibi_slopes=alibi_slopes),
+        mask_mod(nq, nk, causal=kw.causal, alignment=alignment, window=kw.window_size),
+        score_mod(nq, nk, alignment=alignment, softcap=kw.softcap, alibi_slopes=kw.alibi_slopes),
     )
 
 
@@ -91,58 +102,29 @@ def _initial_state(q: torch.Tensor, dv: int, sinks: torch.Tensor | None) -> Soft
 
 
 @torch.no_grad()
-def attention_golden(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    alignment: str = "bottom-right",
-    chunk: int = DEFAULT_CHUNK,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-    dropout_mask: torch.Tensor | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@entry_point("dense", (*MODIFIER_KEYWORDS, *DROPOUT_KEYWORDS, *DESCALE_KEYWORDS), extra=REFERENCE_EXTRA)
+def attention_golden(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: Keywords, *,
+                     alignment: str, chunk: int, dropout_mask: torch.Tensor | None,
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Float64 ``(o, lse)``: o (B, Hq, Nq, Dv), lse (B, Hq, Nq). Streams over key chunks. FP8
     inputs are dequantised with their descales (:func:`dequantised`)."""
-    q, k, v = dequantised(q, k, v, q_descale, k_descale, v_descale)
+    q, k, v = dequantised(q, k, v, kw.q_descale, kw.k_descale, kw.v_descale)
     _, group = check_dense(q, k, v)
-    scale = default_scale(q.shape[-1], scale)
-    mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
-    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
-    state = _initial_state(q, v.shape[-1], sinks)
+    scale = default_scale(q.shape[-1], kw.scale)
+    mods = _variant_mods(q.shape[2], k.shape[2], alignment, kw)
+    weights = dropout_weights(kw.dropout_p, kw.dropout_seed, dropout_mask)
+    state = _initial_state(q, v.shape[-1], kw.sinks)
     for _, vc, s, _, z in _key_chunks(q.to(torch.float64), k, v, group, scale, mods, chunk, weights=weights):
         state = state.merge(SoftmaxState.from_scores(s, vc, z))
     return state.finalize()
 
 
 @torch.no_grad()
-def attention_rounding_bound(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    alignment: str = "bottom-right",
-    chunk: int = DEFAULT_CHUNK,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-    p_dtype: torch.dtype | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@entry_point("dense", (*MODIFIER_KEYWORDS, *DESCALE_KEYWORDS),
+             extra={"alignment": "bottom-right", "chunk": DEFAULT_CHUNK, "p_dtype": None})
+def attention_rounding_bound(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: Keywords, *,
+                             alignment: str, chunk: int, p_dtype: torch.dtype | None,
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """The most rounding the probabilities to ``p_dtype`` may move o (``docs/variants.md``), in
     o's place (B, Hq, Nq, Dv), float64, with the golden's lse after it (the layouts lift it as
     the golden). ``p_dtype`` defaults to V's format when q and v are FP8, else to none (a zero
@@ -164,12 +146,12 @@ def attention_rounding_bound(
     smallest normal). Zero when no ``p_dtype`` applies (decode reads its FP8 cache in q's 16-bit
     dtype: no FP8 rounding of P). Streams over key chunks, twice (m_i and l_i first)."""
     fmt = p_dtype if p_dtype is not None else v.dtype if is_fp8(q) and is_fp8(v) else None
-    q, k, v = dequantised(q, k, v, q_descale, k_descale, v_descale)
+    q, k, v = dequantised(q, k, v, kw.q_descale, kw.k_descale, kw.v_descale)
     _, group = check_dense(q, k, v)
     q64 = q.to(torch.float64)
-    scale = default_scale(q.shape[-1], scale)
-    mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
-    start = _initial_state(q64, v.shape[-1], sinks)
+    scale = default_scale(q.shape[-1], kw.scale)
+    mods = _variant_mods(q.shape[2], k.shape[2], alignment, kw)
+    start = _initial_state(q64, v.shape[-1], kw.sinks)
     m = start.m
     for _, _, s, _, _ in _key_chunks(q64, k, v, group, scale, mods, chunk):
         m = torch.maximum(m, s.amax(-1)) if s.shape[-1] else m
@@ -230,42 +212,26 @@ def _chain(s: torch.Tensor, raw: torch.Tensor):
 
 
 @torch.no_grad()
-def attention_golden_backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    do: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    alignment: str = "bottom-right",
-    chunk: int = DEFAULT_CHUNK,
-    bounds: bool = False,
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-    dropout_mask: torch.Tensor | None = None,
-    forward: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, ...]:
+@entry_point("dense", (*MODIFIER_KEYWORDS, *DROPOUT_KEYWORDS), positional=("q", "k", "v", "do"),
+             extra={**REFERENCE_EXTRA, "bounds": False, "forward": None})
+def attention_golden_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                              kw: Keywords, *, alignment: str, chunk: int,
+                              dropout_mask: torch.Tensor | None, bounds: bool,
+                              forward: tuple[torch.Tensor, torch.Tensor] | None,
+                              ) -> tuple[torch.Tensor, ...]:
     """Float64 gradients ``(dq, dk, dv)``, and ``dsinks`` (Hq,) after them when ``sinks`` is
     given, for upstream gradient ``do`` of the output ``o``; with ``bounds`` followed by the same
     number of bounds computed from absolute values. ``forward``: the golden ``(o, lse)`` of the
     same call (:func:`attention_golden` with these arguments), when the caller has it, so that
     it is not computed again; computed here otherwise."""
     hq, group = check_dense(q, k, v)
-    scale = default_scale(q.shape[-1], scale)
+    scale = default_scale(q.shape[-1], kw.scale)
     if forward is None:
-        variant = dict(window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, sinks=sinks,
-                       dropout_p=dropout_p, dropout_seed=dropout_seed, dropout_mask=dropout_mask)
-        forward = attention_golden(
-            q, k, v, causal=causal, scale=scale, alignment=alignment, chunk=chunk, **variant
-        )
+        forward = attention_golden(q, k, v, **{n: getattr(kw, n) for n in attention_golden_backward.keywords},
+                                   alignment=alignment, chunk=chunk, dropout_mask=dropout_mask)
     o, lse = forward
-    mods = _variant_mods(q.shape[2], k.shape[2], causal, alignment, window_size, softcap, alibi_slopes)
-    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
+    mods = _variant_mods(q.shape[2], k.shape[2], alignment, kw)
+    weights = dropout_weights(kw.dropout_p, kw.dropout_seed, dropout_mask)
     q64, do64 = q.to(torch.float64), do.to(torch.float64)
     nk = k.shape[2]
     delta = (do64 * o).sum(-1, keepdim=True)
@@ -300,8 +266,8 @@ def attention_golden_backward(
     if group > 1:  # sum dK, dV (and their bounds) over the query heads of each group
         for i in (1, 2, 4, 5) if bounds else (1, 2):
             grads[i] = grads[i].view(q.shape[0], hq // group, group, nk, grads[i].shape[-1]).sum(2)
-    if sinks is not None:
-        p_sink = torch.exp(sinks.to(device=q.device, dtype=torch.float64)[None, :, None] - lse)
+    if kw.sinks is not None:
+        p_sink = torch.exp(kw.sinks.to(device=q.device, dtype=torch.float64)[None, :, None] - lse)
         grads.insert(3, -(p_sink * delta[..., 0]).sum((0, 2)))
         if bounds:
             grads.append((p_sink * abs_delta[..., 0]).sum((0, 2)))

@@ -23,32 +23,19 @@ from __future__ import annotations
 
 import torch
 
+from ..contract.entry_points import Keywords, entry_point
 from ..contract.fp8 import OUTPUT_DTYPE, is_fp8, per_query_head
 from ..contract.masks import mask_mod, score_mod
 from ..contract.validate import check_dense
 from .dropout import dropout_weights
-from .golden import default_scale, expand_kv
+from .golden import DESCALE_KEYWORDS, DROPOUT_KEYWORDS, MODIFIER_KEYWORDS, default_scale, expand_kv
 
 
-def attention_yardstick(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    alignment: str = "bottom-right",
-    window_size: tuple[int, int] | None = None,
-    softcap: float = 0.0,
-    alibi_slopes: torch.Tensor | None = None,
-    sinks: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    dropout_seed: int | None = None,
-    dropout_mask: torch.Tensor | None = None,
-    q_descale: torch.Tensor | None = None,
-    k_descale: torch.Tensor | None = None,
-    v_descale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@entry_point("dense", (*MODIFIER_KEYWORDS, *DROPOUT_KEYWORDS, *DESCALE_KEYWORDS),
+             extra={"alignment": "bottom-right", "dropout_mask": None})
+def attention_yardstick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: Keywords, *,
+                        alignment: str, dropout_mask: torch.Tensor | None,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, lse)`` in the input dtype (FP8: as the module docstring says); differentiable.
     Empty rows give o = 0, lse = -inf (or the sink logit)."""
     fp8_q, fp8, v_format = is_fp8(q), is_fp8(q) or is_fp8(k), getattr(v, "dtype", None)
@@ -56,7 +43,7 @@ def attention_yardstick(
         compute = torch.float32 if fp8_q else q.dtype
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
     _, group = check_dense(q, k, v)
-    scale = default_scale(q.shape[-1], scale)
+    scale = default_scale(q.shape[-1], kw.scale)
     v_scale = None
     if fp8:
         b, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
@@ -65,8 +52,8 @@ def attention_yardstick(
             d = torch.ones((), dtype=torch.float32, device=q.device) if d is None else d
             return per_query_head(d, b, hq, hkv, torch.float32).to(q.device)
 
-        qk = descale(k_descale) * (descale(q_descale) if fp8_q else 1.0)
-        scale, v_scale = (scale * qk).to(compute), descale(v_descale).to(compute)
+        qk = descale(kw.k_descale) * (descale(kw.q_descale) if fp8_q else 1.0)
+        scale, v_scale = (scale * qk).to(compute), descale(kw.v_descale).to(compute)
     k, v = expand_kv(k, group), expand_kv(v, group)
     s = (q @ k.transpose(-1, -2)) * scale if fp8_q else (q * scale) @ k.transpose(-1, -2)
     nq, nk = q.shape[2], k.shape[2]
@@ -77,24 +64,24 @@ def attention_yardstick(
         torch.arange(nq, device=dev)[None, None, :, None],
         torch.arange(nk, device=dev)[None, None, None, :],
     )
-    modify = score_mod(nq, nk, alignment=alignment, softcap=softcap, alibi_slopes=alibi_slopes)
+    modify = score_mod(nq, nk, alignment=alignment, softcap=kw.softcap, alibi_slopes=kw.alibi_slopes)
     if modify is not None:
         s = modify(s, *idx)
-    visible = mask_mod(nq, nk, causal=causal, alignment=alignment, window=window_size)
+    visible = mask_mod(nq, nk, causal=kw.causal, alignment=alignment, window=kw.window_size)
     mask = None if visible is None else visible(*idx).expand(s.shape)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    if sinks is not None:
-        z = sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:3], 1)
+    if kw.sinks is not None:
+        z = kw.sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:3], 1)
         s = torch.cat([s, z], dim=-1)
     lse = torch.logsumexp(s, dim=-1)
-    weights = dropout_weights(dropout_p, dropout_seed, dropout_mask)
+    weights = dropout_weights(kw.dropout_p, kw.dropout_seed, dropout_mask)
     if fp8_q:
         if weights is not None:
             raise NotImplementedError("dropout of FP8 inputs is not in the contract")
         return _fp8_probabilities_times_values(s, v, v_format, v_scale, nk), lse
     p = torch.softmax(s, dim=-1)
-    if sinks is not None:
+    if kw.sinks is not None:
         p = p[..., :nk]
     elif mask is not None:
         p = p.masked_fill(~mask.any(-1, keepdim=True), 0.0)
