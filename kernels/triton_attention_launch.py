@@ -413,7 +413,11 @@ def _launch(name: str, grid: Callable[[int, int], tuple[int, int]], args: tuple,
         block_m, block_n = tiles
         options = explicit_launch_options(block_m, block_n, meta["head_dim"],
                                           meta["head_dim_v"], _itemsize(args[0]))
-        kernel[grid(block_m, block_n)](*args, **meta, BLOCK_M=block_m, BLOCK_N=block_n, **options)
+        # SEQ_CLASS is an autotuning key the kernels' code never reads: one compilation serves
+        # short and long sequences here (two identical ones did: the long-sequence properties
+        # compiled each of their variants twice on the GPU)
+        kernel[grid(block_m, block_n)](*args, **{**meta, "SEQ_CLASS": 0}, BLOCK_M=block_m,
+                                       BLOCK_N=block_n, **options)
         launched = (block_m, block_n, options["num_warps"], options["num_stages"])
     if name == "fwd":  # a new call: a backward pass recorded before belongs to an earlier one
         _LAST_LAUNCH.clear()
