@@ -7,7 +7,8 @@ no other's problems). The values favour the edges where kernels
 break:
 
     window       sides 0, 1, small, >= N, -1 (unbounded), asymmetric
-    softcap      small caps that saturate tanh (0.5, 1) and large ones that barely bend it
+    softcap      small caps that saturate tanh (0.5, 1), large ones that barely bend it, and a
+                 huge one (1e6) whose tanh arguments are tiny
     alibi        slopes 0, tiny, standard and large; per head and per batch element and head
     sinks        very negative (no effect), positive (they dominate), mixed, and far above or
                  far below every key logit of their head (``contract.problem.SINKS``)
@@ -54,7 +55,9 @@ from .strategies import (
     problems,
 )
 
-SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 1000.0)
+#: 1e6: tanh's arguments are tiny, where a tanh through exp(-2|x|) cancels (a capped logit off by
+#: cap x an fp32 ulp of 1; mutant triton_softcap_tanh_cancels).
+SOFTCAPS = (0.5, 1.0, 5.0, 30.0, 1000.0, 1e6)
 ALIBI_MAX_SLOPES = (0.0, 1e-3, 0.25, 1.0, 8.0)
 #: Largest number of packed sequences drawn.
 MAX_SEQUENCES = 12

@@ -345,31 +345,69 @@ def _window_query_range(start_n, n_q, n_k, win_left, win_right, BLOCK_M: tl.cons
 
 
 @triton.jit
-def _tanh(x):
-    """tanh(x), to about an ulp of x's dtype (fp32 or fp64: the interpreter has no libdevice, and
-    fast approximations are off by 2^-11). |x| < 0.625: x + x^3 P(x^2) / Q(x^2), the rational
-    approximation of the Cephes library (accurate to fp64's rounding there, where the
-    exponential form below loses x's leading digits); else (1 - e) / (1 + e), e = exp(-2|x|) in
-    (0, 0.29] (no overflow). One division serves both; the sign is put back last."""
-    dt = x.dtype  # constants through tl.full: Python floats in a kernel are rounded to fp32
-    p0, p1, p2 = (tl.full([], -9.64399179425052238628e-1, dt), tl.full([], -9.92877231001918586564e1, dt),
-                  tl.full([], -1.61468768441708447952e3, dt))
-    q0, q1, q2 = (tl.full([], 1.12811678491632931402e2, dt), tl.full([], 2.23548839060100448583e3, dt),
-                  tl.full([], 4.84406305325125486048e3, dt))
-    a = tl.abs(x)
-    x2 = a * a
-    num = (x2 * p0 + p1) * x2 + p2
-    den = ((x2 + q0) * x2 + q1) * x2 + q2
-    e = tl.exp2(a * tl.full([], -2.8853900817779268, dt))  # exp(-2|x|) = exp2(-2 log2(e) |x|)
-    small = a < 0.625
-    ratio = tl.where(small, a * x2 * num, 1.0 - e) / tl.where(small, den, 1.0 + e)
-    t = tl.where(small, a + ratio, ratio)
-    return tl.where(x < 0, -t, t)
+def _tanh(y, y_scale, LOW_PRECISION: tl.constexpr):
+    """tanh(x), x = y * y_scale (fp32 or fp64 ``y``, ``y_scale`` > 0), as accurate as the inputs'
+    dtype needs.
+
+    Accurate (fp32 and fp64 inputs; to about an ulp of x's dtype): |x| < 0.625, x + x^3
+    P(x^2) / Q(x^2), the rational approximation of the Cephes library (accurate to fp64's
+    rounding there, where the exponential form loses x's leading digits); else (1 - e) / (1 +
+    e), e = exp(-2|x|) in (0, 0.29] (no overflow). One division serves both; the sign is put
+    back last.
+
+    ``LOW_PRECISION`` (16-bit or FP8 inputs, fp32 ``x``), to a relative error of 1e-6: the
+    rational function x P(x^2) / Q(x^2) below on x clamped to [-9, 9] (tanh(9) is 1 in fp32),
+    through the hardware's approximate reciprocal on a GPU
+    (:func:`_reciprocal_approx`). No cancellation near 0 (P(0) = Q(0) = 1: tiny x are returned as
+    they are), no branch, no exponential. A capped logit ``cap * tanh`` then moves by about 1e-6
+    of itself, hundreds of times below its fp16 rounding, which is what the softcap precision
+    property measures against; a huge cap (softcap-huge: 1e8) keeps the logits. About 14
+    instructions per score where the accurate form takes over 30 (its division alone,
+    ``div.full.f32``, is 8 on sm_90). Not ``tanh.approx.f32``: its relative error, 2^-11, is an
+    fp16 rounding of every capped logit."""
+    if LOW_PRECISION:
+        x = tl.clamp(y * y_scale, -9.0, 9.0, propagate_nan=tl.PropagateNan.ALL)
+        x2 = x * x
+        # P and Q, fitted for this kernel by iteratively reweighted least squares on the relative
+        # error with P(0) = Q(0) = 1: at most 9.1e-7 over 1e-30 <= |x| <= 12 evaluated in fp32
+        # (at 5.88). Q's roots in x^2 are negative: no pole.
+        num = (((-5.108791422455544e-09 * x2 + 6.56176962104986e-06) * x2 + 0.002614719733545019) * x2
+               + 0.1263181467777603) * x2 + 1.0
+        den = ((0.00018633126714400177 * x2 + 0.022501528728078115) * x2 + 0.45964903848922406) * x2 + 1.0
+        t = x * num * _reciprocal_approx(den)
+    else:
+        dt = y.dtype  # constants through tl.full: Python floats in a kernel are rounded to fp32
+        x = y * y_scale
+        a = tl.abs(x)
+        p0, p1, p2 = (tl.full([], -9.64399179425052238628e-1, dt), tl.full([], -9.92877231001918586564e1, dt),
+                      tl.full([], -1.61468768441708447952e3, dt))
+        q0, q1, q2 = (tl.full([], 1.12811678491632931402e2, dt), tl.full([], 2.23548839060100448583e3, dt),
+                      tl.full([], 4.84406305325125486048e3, dt))
+        x2 = a * a
+        num = (x2 * p0 + p1) * x2 + p2
+        den = ((x2 + q0) * x2 + q1) * x2 + q2
+        e = tl.exp2(a * tl.full([], -2.8853900817779268, dt))
+        small = a < 0.625
+        ratio = tl.where(small, a * x2 * num, 1.0 - e) / tl.where(small, den, 1.0 + e)
+        t = tl.where(small, a + ratio, ratio)
+        t = tl.where(x < 0, -t, t)
+    return t
+
+
+@triton.jit
+def _reciprocal_approx(x):
+    """1 / x of fp32 ``x`` in [1, 300]: ``rcp.approx.ftz.f32`` on a GPU (one MUFU instruction;
+    relative error about 2^-23), a division under the interpreter."""
+    if _INTERPRETED:
+        return 1.0 / x
+    else:
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
 
 @triton.jit
 def _modified_scores(qk, q_idx, kv_idx, n_q, n_k, qk_scale, SOFTCAP: tl.constexpr, softcap2,
-                     ALIBI: tl.constexpr, slope2):
+                     ALIBI: tl.constexpr, slope2, IN_DTYPE: tl.constexpr):
     """Base-2 logits of a tile from the raw products ``qk = q_i . k_j``, with the score variants
     (softcap, then ALiBi), and ``tanh`` of the softcap (the backward's derivative 1 - tanh^2;
     ``qk``'s scaled self without a softcap). ``q_idx``, ``kv_idx``: the rows' and keys' indices,
@@ -377,9 +415,10 @@ def _modified_scores(qk, q_idx, kv_idx, n_q, n_k, qk_scale, SOFTCAP: tl.constexp
 
     SOFTCAP: ``qk_scale = scale / softcap`` (tanh's argument) and ``softcap2 = softcap *
     log2(e)``; else ``qk_scale = scale * log2(e)``. ALIBI: ``slope2 = slope * log2(e)`` of this
-    (batch, query head), the bias ``-slope2 * |i + c - j|``."""
+    (batch, query head), the bias ``-slope2 * |i + c - j|``. ``IN_DTYPE``: the inputs' dtype,
+    which sets the tanh's accuracy (:func:`_tanh`: 16-bit and FP8 inputs take the fast form)."""
     if SOFTCAP:
-        t = _tanh(qk * qk_scale)
+        t = _tanh(qk, qk_scale, IN_DTYPE != tl.float32 and IN_DTYPE != tl.float64)
         s = t * softcap2
     else:
         s = qk * qk_scale
@@ -560,7 +599,7 @@ def _fwd_inner(
         qk = tl.dot(_operand(q, BLOCK_D), tl.trans(_operand(k, BLOCK_D)), input_precision=PRECISION)
         if SOFTCAP or ALIBI:
             s, _ = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
-                                    SOFTCAP, softcap2, ALIBI, slope2)
+                                    SOFTCAP, softcap2, ALIBI, slope2, q.dtype)
         else:
             s = qk * qk_scale
         if MASKED:
@@ -833,7 +872,7 @@ def _bwd_dkdv_inner(
         qk_t = tl.dot(k, tl.trans(q), input_precision=PRECISION)
         if SOFTCAP or ALIBI:
             s_t, t_t = _modified_scores(qk_t, offs_m[None, :], offs_n[:, None], n_q, n_k, qk_scale,
-                                        SOFTCAP, softcap2, ALIBI, slope2)
+                                        SOFTCAP, softcap2, ALIBI, slope2, q.dtype)
         else:
             s_t = qk_t * qk_scale
         if MASKED:
@@ -1013,7 +1052,7 @@ def _bwd_dq_inner(
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         if SOFTCAP or ALIBI:
             s, t = _modified_scores(qk, offs_m[:, None], offs_n[None, :], n_q, n_k, qk_scale,
-                                    SOFTCAP, softcap2, ALIBI, slope2)
+                                    SOFTCAP, softcap2, ALIBI, slope2, q.dtype)
         else:
             s = qk * qk_scale
         if MASKED:

@@ -249,7 +249,7 @@ def _decode_partial(
         qk = tl.dot(q, tl.trans(k), input_precision=PRECISION, out_dtype=ACC_DTYPE)
         if SOFTCAP or ALIBI:
             s, _ = _modified_scores(qk, query[:, None], offs_n[None, :], N_Q, length, scale2,
-                                    SOFTCAP, cap2, ALIBI, slope2)
+                                    SOFTCAP, cap2, ALIBI, slope2, q.dtype)
         else:
             s = qk * scale2
         visible = key_ok[None, :]

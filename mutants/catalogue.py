@@ -51,6 +51,8 @@ class Mutant:
         replacement: the snippet planted instead.
         bug_class: the class of bug, as the runner's table names it.
         doc: what the mutant does and which real bug it imitates.
+        first: property files ``mutants.run`` runs first on it (where its bug shows, when the
+            usual first files would spend its budget); empty: its target's order.
     """
 
     name: str
@@ -59,6 +61,7 @@ class Mutant:
     replacement: str
     bug_class: str
     doc: str
+    first: tuple[str, ...] = ()
 
     @property
     def kernel_family(self) -> str:
@@ -905,6 +908,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "coord * stride in i32: corrupt dQ/dK/dV for a dout with a large outer stride), "
         "pytorch/pytorch#190857 (FlexAttention's backward: K/V offsets past INT32_MAX), "
         "Dao-AILab/flash-attention#1500 (FA2's backward row offsets overflowed at batch 10k).",
+    ),
+    Mutant(
+        "triton_softcap_tanh_cancels",
+        TRITON_KERNELS,
+        "        t = x * num * _reciprocal_approx(den)\n",
+        "        e = tl.exp2(tl.abs(x) * -2.8853900817779268)  # exp(-2|x|)\n"
+        "        t = (1.0 - e) / (1.0 + e)\n"
+        "        t = tl.where(x < 0, -t, t)\n",
+        "tanh through exp(-2|x|): small arguments cancel",
+        "The 16-bit softcap's tanh computed as (1 - e) / (1 + e), e = exp(-2|x|), the fast form "
+        "of ROCm/triton#910 and #914 (fast_tanhf): 1 - e cancels as |x| shrinks (an absolute "
+        "error of an fp32 ulp of 1), so a large cap, whose tanh arguments are small, moves the "
+        "capped logits by cap * 1e-7 and a cap of 1e8 zeroes them. root-project/root#19740 (an "
+        "exp-based tanh loses all relative accuracy near 0). This kernel's own first fast tanh "
+        "(session 34), caught on the H200 by softcap-huge.",
+        first=("test_variant_identities.py",),
     ),
     # ------------------------------------------------------- triton decode (kernels/triton_decode.py)
     Mutant(

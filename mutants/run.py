@@ -105,8 +105,9 @@ def _pytest(kernels: list[str], *extra: str, first: tuple[str, ...] = FIRST) -> 
 
 
 def first_files(mutant: Mutant) -> tuple[str, ...]:
-    """The property files that run first on ``mutant``."""
-    return FIRST_BY_TARGET.get(mutant.target, FIRST)
+    """The property files that run first on ``mutant``: its own (``Mutant.first``), else its
+    target's (:data:`FIRST_BY_TARGET`), else :data:`FIRST`."""
+    return mutant.first or FIRST_BY_TARGET.get(mutant.target, FIRST)
 
 
 def run_correct_kernel(kernel: str, timeout: float, threads: int) -> tuple[bool, float, str]:
@@ -170,17 +171,17 @@ def run_batch(mutants: list[Mutant], budget: float, threads: int, shrink_seconds
 def batches(mutants: list[Mutant], count: int) -> list[list[Mutant]]:
     """``mutants`` in about ``count`` batches of about equal expected cost, catalogue order kept
     inside each (a Triton mutant under the interpreter costs about four ``ref-blocked`` ones);
-    the mutants of a target with files of its own (:data:`FIRST_BY_TARGET`) in batches apart."""
-    own = [m for m in mutants if m.target in FIRST_BY_TARGET]
-    rest = [m for m in mutants if m.target not in FIRST_BY_TARGET]
-    count = max(1, count - len({m.target for m in own}))
+    the mutants with first files of their own (:func:`first_files`) in a batch per order."""
+    own = [m for m in mutants if first_files(m) != FIRST]
+    rest = [m for m in mutants if first_files(m) == FIRST]
+    count = max(1, count - len({first_files(m) for m in own}))
     loads = [0.0] * count
     split: list[list[Mutant]] = [[] for _ in range(count)]
     for mutant in sorted(rest, key=lambda m: m.kernel_family != "triton"):
         i = loads.index(min(loads))
         split[i].append(mutant)
         loads[i] += 4.0 if mutant.kernel_family == "triton" else 1.0
-    split += [[m for m in own if m.target == target] for target in dict.fromkeys(m.target for m in own)]
+    split += [[m for m in own if first_files(m) == first] for first in dict.fromkeys(map(first_files, own))]
     order = {m.name: i for i, m in enumerate(mutants)}
     return [sorted(b, key=lambda m: order[m.name]) for b in split if b]
 
@@ -345,9 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        own = {first_files(o.mutant): [] for o in outcomes if first_files(o.mutant) != FIRST}
+        for o in outcomes:
+            own.get(first_files(o.mutant), []).append(o.mutant.name)
         orders = [f"property files in run order: {', '.join(property_files())}"] + [
-            f"for the mutants of {target}: {', '.join(property_files(first))}"
-            for target, first in FIRST_BY_TARGET.items()
+            f"for {', '.join(names)}: {', '.join(property_files(first))}" for first, names in own.items()
         ]
         args.out.write_text(
             "# flashprop mutants\n\n"

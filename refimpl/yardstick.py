@@ -8,6 +8,13 @@ through it, in the input dtype. Variants are applied with the golden's mods
 (:mod:`contract.masks`); sinks are one more logit column with no value; dropout multiplies the
 normalised probabilities by ``M / (1 - p)`` (:mod:`refimpl.dropout`).
 
+The score mods (softcap, ALiBi) of 16-bit logits run in float32 and their result is rounded
+once to the input dtype, as a fused kernel caps its float32 scores (the contract requires it:
+``properties/test_precision.py``). In fp16 itself a softcap's ``s / cap`` falls below fp16's
+smallest normal, 6.1e-5, for |s| < 6.1e-5 cap, and loses its digits: at a cap of 1e8 the capped
+logits were off by units, so the budget ``r x yardstick error`` passed a kernel whose tanh
+loses small arguments (mutant ``triton_softcap_tanh_cancels``: softcap-huge passed it in fp16).
+
 FP8 (``docs/variants.md``) is computed as an FP8 kernel computes it, plainly:
 
 - FP8 q, k, v (FlashAttention-3): ``S = (q8 k8^T) * (scale * q_descale * k_descale)`` in float32
@@ -65,7 +72,9 @@ def attention_yardstick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: K
         torch.arange(nk, device=dev)[None, None, None, :],
     )
     modify = score_mod(nq, nk, alignment=alignment, softcap=kw.softcap, alibi_slopes=kw.alibi_slopes)
-    if modify is not None:
+    if modify is not None and s.dtype in (torch.float16, torch.bfloat16):
+        s = modify(s.float(), *idx).to(s.dtype)  # the mods in float32, their result rounded once
+    elif modify is not None:
         s = modify(s, *idx)
     visible = mask_mod(nq, nk, causal=kw.causal, alignment=alignment, window=kw.window_size)
     mask = None if visible is None else visible(*idx).expand(s.shape)
