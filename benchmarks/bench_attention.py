@@ -92,8 +92,8 @@ def skip_reason(kern: Kernel | str, name: str, cfg: Config) -> str | None:
 
 
 def anchor_seconds(state: BenchState, anchor: str, cfg: Config) -> float | None:
-    """The anchor's median seconds at ``cfg`` (an fp8 row: its bf16 dense twin,
-    :attr:`Config.anchor_config`) in this run, measured now if not yet."""
+    """The anchor's median seconds at ``cfg``'s dense twin (:attr:`Config.anchor_config`) in
+    this run, measured now if not yet."""
     cfg = cfg.anchor_config
     key = (anchor, cfg)
     if key not in state.anchor_seconds:

@@ -12,8 +12,13 @@ Variant rows (``GridSpec.variants``, ``--bench-variants``): the dense rows' shap
 variant's keywords added to the call (:data:`VARIANTS`, :meth:`Config.variant_kwargs`); a
 window row counts only the (query, key) pairs its band keeps. An ``fp8`` row (forward only) calls
 the kernel on the row's inputs quantised to e4m3 with (B, H) descales (FlashAttention-3's
-convention; o in bfloat16), and times the anchors on the row's bf16 dense twin
-(:attr:`Config.anchor_config`): what an FP8 kernel is weighed against.
+convention; o in bfloat16). Every variant row times the anchors on its dense twin
+(:attr:`Config.anchor_config`; an fp8 row's in bf16): what a variant kernel is weighed against is
+dense attention at the same shape. SDPA's backends have no softcap or sinks to time, and one that
+emulates a variant through an explicit mask times the mask, not the variant (on the H200, cuDNN's
+1k window through a mask took 9.3 ms where the ``triton`` window took 0.6,
+``docs/results/2026-12-02-s31-h200.md``); the dense twin gives every variant row a ratio the gate
+can track.
 """
 
 from __future__ import annotations
@@ -125,8 +130,8 @@ class Config:
 
     @property
     def anchor_config(self) -> Config:
-        """The row the anchors are timed on: this one, or an fp8 row's bf16 dense twin."""
-        return replace(self, variant="dense") if self.variant == "fp8" else self
+        """The row the anchors are timed on: its dense twin (an fp8 row's in bf16)."""
+        return replace(self, variant="dense")
 
     def variant_kwargs(self) -> dict[str, object]:
         """The keywords the row adds to the dense call (on the row's device; sinks require grad

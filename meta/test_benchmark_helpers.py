@@ -156,3 +156,17 @@ def test_the_triton_kernels_last_launch_is_the_last_calls_passes() -> None:
     with torch.no_grad():
         attention(q, k, v)
     assert set(last_launch()) == {"fwd"}
+
+
+@pytest.mark.parametrize("variant", ["softcap", "alibi", "sinks", "window"])
+def test_a_variant_row_times_its_anchors_on_its_dense_twin(variant: str) -> None:
+    """SDPA has no softcap or sinks, and a mask-emulated window times the mask: every variant
+    row's anchors run the same shape dense, so each row has a ratio the gate can track."""
+    from dataclasses import replace
+
+    from flashprop.benchmarks.grid import CPU_GRID, configs
+
+    rows = configs(replace(CPU_GRID, variants=("dense", variant), modes=("fwd",)), "cpu")
+    dense = {(c.n, c.d, c.causal, c.mode) for c in rows if c.variant == "dense"}
+    twins = [c.anchor_config for c in rows if c.variant == variant]
+    assert twins and all(t.variant == "dense" and (t.n, t.d, t.causal, t.mode) in dense for t in twins)
