@@ -33,7 +33,7 @@ from flashprop.harness.long_references import golden_on_device, judge_long, yard
 from flashprop.harness.strategies import Sizes, problems
 from flashprop.harness.tolerance import GOLDEN_ULPS, budget, conditioning, finite_max_abs
 from flashprop.harness.variant_problems import variant_problems
-from flashprop.refimpl import attention_golden, attention_golden_backward
+from flashprop.refimpl import attention_golden, attention_golden_backward, attention_yardstick
 from flashprop.refimpl.blocked import attention as blocked_attention
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -344,3 +344,20 @@ def test_logit_size_takes_the_larger_of_raw_logits_and_lse():
     assert cond.values == finite_max_abs(capped.logical()[2])
     above = torch.tensor([[[cond.raw_logits + 120.0]]], dtype=F64)
     assert cond.logit_size(above) == cond.raw_logits + 120.0
+
+
+@pytest.mark.parametrize("dist", ["normal", "large"])
+def test_the_yardstick_keeps_a_huge_caps_logits_in_fp16(dist: str):
+    """A cap of 1e8 is no cap: the fp16 yardstick's error is then about its error without a cap.
+    Its softcap computed in fp16 put s / cap below fp16's smallest normal and moved the capped
+    logits by units, so ``r x yardstick error`` passed a kernel whose tanh zeroes them (mutant
+    ``triton_softcap_tanh_cancels``)."""
+    capped = Problem(dtype=torch.float16, dist=dist, softcap=1e8, nq=16, nk=32, d=32, dv=32, seed=5)
+
+    def lse_error(p: Problem) -> float:
+        q, k, v = p.kernel_inputs().args
+        kw = {"softcap": p.softcap} if p.softcap else {}
+        golden = attention_golden(q, k, v, **kw)[1]
+        return (attention_yardstick(q, k, v, **kw)[1].double() - golden).abs().max().item()
+
+    assert lse_error(capped) <= 2 * lse_error(capped.replace(softcap=0.0)) + 1e-3
