@@ -130,23 +130,29 @@ def _specialized(fn, constants: dict) -> tuple[dict, dict]:
     return constants, attrs
 
 
-def compile_kernel(fn, constants: dict, num_warps: int, num_stages: int,
-                   specialize: bool = False, pointer: str = "bf16") -> tuple[float, int]:
-    """Compile JIT function ``fn`` (a :class:`~kernels.triton_attention.Pass`'s ``jit`` or
-    ``plain``) for sm_90a with these compile-time ``constants`` (those it does not take are
+def compiled(fn, constants: dict, num_warps: int, num_stages: int, specialize: bool = False,
+             pointer: str = "bf16"):
+    """JIT function ``fn`` (a :class:`~kernels.triton_attention.Pass`'s ``jit`` or ``plain``)
+    compiled for sm_90a with these compile-time ``constants`` (those it does not take are
     dropped), warps and stages, ``pointer`` elements (bf16, fp16, fp32, fp64) and, when
-    ``specialize``, the launcher's specialisation for a contiguous problem. Returns (seconds,
-    bytes of shared memory)."""
+    ``specialize``, the launcher's specialisation for a contiguous problem: Triton's compiled
+    kernel (its ``asm["cubin"]``, its ``metadata``)."""
     constants = {k: v for k, v in constants.items() if k in fn.arg_names}
     attrs = None
     if specialize:
         constants, attrs = _specialized(fn, constants)
-    start = time.perf_counter()
-    kernel = triton.compile(
+    return triton.compile(
         ASTSource(fn, _signature(fn, constants, pointer), constants, attrs),
         target=TARGET,
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
+
+
+def compile_kernel(fn, constants: dict, num_warps: int, num_stages: int,
+                   specialize: bool = False, pointer: str = "bf16") -> tuple[float, int]:
+    """:func:`compiled`'s compilation, timed: (seconds, bytes of shared memory)."""
+    start = time.perf_counter()
+    kernel = compiled(fn, constants, num_warps, num_stages, specialize, pointer)
     return time.perf_counter() - start, kernel.metadata.shared
 
 

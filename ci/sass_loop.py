@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_triton as ct
 import flashprop.kernels.triton_attention as ta
 import triton
-from triton.compiler import ASTSource
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
@@ -41,10 +40,7 @@ _BRANCH = re.compile(r"/\*([0-9a-f]+)\*/\s+(?:@!?U?P\w+\s+)?BRA\s+0x([0-9a-f]+)"
 
 def sass(fn, constants: dict, num_warps: int, num_stages: int) -> str:
     """The SASS of ``fn`` compiled for sm_90a as Triton's launcher specialises a contiguous problem."""
-    constants = {k: v for k, v in constants.items() if k in fn.arg_names}
-    constants, attrs = ct._specialized(fn, constants)
-    kernel = triton.compile(ASTSource(fn, ct._signature(fn, constants), constants, attrs), target=ct.TARGET,
-                            options={"num_warps": num_warps, "num_stages": num_stages})
+    kernel = ct.compiled(fn, constants, num_warps, num_stages, specialize=True)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])

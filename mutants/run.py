@@ -346,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        own = {first_files(o.mutant): [] for o in outcomes if first_files(o.mutant) != FIRST}
+        own: dict[tuple[str, ...], list[str]] = {}
         for o in outcomes:
-            own.get(first_files(o.mutant), []).append(o.mutant.name)
+            if first_files(o.mutant) != FIRST:
+                own.setdefault(first_files(o.mutant), []).append(o.mutant.name)
         orders = [f"property files in run order: {', '.join(property_files())}"] + [
             f"for {', '.join(names)}: {', '.join(property_files(first))}" for first, names in own.items()
         ]

@@ -72,10 +72,8 @@ def attention_yardstick(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kw: K
         torch.arange(nk, device=dev)[None, None, None, :],
     )
     modify = score_mod(nq, nk, alignment=alignment, softcap=kw.softcap, alibi_slopes=kw.alibi_slopes)
-    if modify is not None and s.dtype in (torch.float16, torch.bfloat16):
-        s = modify(s.float(), *idx).to(s.dtype)  # the mods in float32, their result rounded once
-    elif modify is not None:
-        s = modify(s, *idx)
+    if modify is not None:  # 16-bit logits modified in float32, the result rounded once
+        s = modify(s.float() if s.dtype in (torch.float16, torch.bfloat16) else s, *idx).to(s.dtype)
     visible = mask_mod(nq, nk, causal=kw.causal, alignment=alignment, window=kw.window_size)
     mask = None if visible is None else visible(*idx).expand(s.shape)
     if mask is not None:
