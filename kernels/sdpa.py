@@ -29,14 +29,16 @@ that take no wider one: :data:`_WIDE_BIAS`). The backends that take a mask
 
 Dropout (``dropout_p``, ``dropout_seed``; dense and varlen): SDPA draws its mask from the global
 generator, so the call runs with that generator seeded by ``dropout_seed`` and the caller's state
-restored after it (:func:`_seeded`); the math backend declares it, forward and backward (autograd
-saves the mask), and the others refuse it until a GPU run has checked theirs.
+restored after it (:func:`_seeded`; the fused backends draw from the CUDA generator's Philox
+seed and offset, which ``torch.manual_seed`` resets). Every backend declares it, forward and
+backward: autograd saves the math backend's mask, and the fused kernels save their RNG state for
+the backward. The flash backend, which takes no mask, has dropout as its one variant.
 
 Gradients of window, ALiBi and varlen are SDPA's own backward through the mask (autograd for
 math), so they are declared. Softcap (a nonlinear rewrite of each logit, not an additive bias)
 and sinks (an extra softmax term with no key) have no SDPA form: undeclared, and the entry
 points do not take those keywords (``TypeError``). The flash backend takes no mask at all: it
-declares no variant.
+declares no mask variant.
 
 A row that sees no key gives o = 0: SDPA's convention since PyTorch 2.5 (``_safe_softmax`` for
 math, and the fused kernels updated to match: pytorch#133882) and the suite's. The math backend does so in
@@ -172,11 +174,10 @@ def _head_slopes(alibi_slopes: torch.Tensor, heads: int) -> torch.Tensor:
     return alibi_slopes.reshape(-1, heads, 1, 1)
 
 
-#: The keywords of the entry points of a backend that takes a mask (the variants a mask expresses;
-#: dropout, which only the math backend declares, is refused by the others when they run), per
-#: entry point; a backend that takes none takes ``causal`` and ``scale`` alone.
+#: The keywords of the entry points of a backend that takes a mask (the variants a mask expresses,
+#: and dropout), per entry point; a backend that takes none takes ``causal``, ``scale`` and dropout.
 _MASK_KEYWORDS = ("causal", "scale", "window_size", "alibi_slopes")
-_PLAIN_KEYWORDS = ("causal", "scale")
+_PLAIN_KEYWORDS = ("causal", "scale", "dropout_p", "dropout_seed")
 _KEYWORDS: Mapping[str, tuple[str, ...]] = {
     "dense": (*_MASK_KEYWORDS, "dropout_p", "dropout_seed"),
     "varlen": (*_MASK_KEYWORDS, "dropout_p", "dropout_seed"),
@@ -371,11 +372,15 @@ def _with_masks(run: Callable[[_Call], torch.Tensor]) -> Callable:
     return attention
 
 
+#: What a backend that takes a mask declares with dropout (forward and backward), as every SDPA
+#: backend runs it: ``dropout_p`` from the device's global generator, seeded by :func:`_seeded`.
+_MASKED_WITH_DROPOUT = dict(_MASK_VARIANTS, dropout=True,
+                       variant_backward=_MASK_VARIANTS["variant_backward"] | {"dropout"})
+
 sdpa_math = _make(
     "sdpa_math",
     SDPBackend.MATH,
-    Capabilities(causal_alignment="top-left", returns_lse=False, dropout=True,
-                 **{**_MASK_VARIANTS, "variant_backward": _MASK_VARIANTS["variant_backward"] | {"dropout"}}),
+    Capabilities(causal_alignment="top-left", returns_lse=False, **_MASKED_WITH_DROPOUT),
     "SDPA math backend: plain PyTorch ops, CPU and CUDA, every dtype; variants as masks; dropout "
     "seeded through the global generator (:func:`_seeded`).",
 )
@@ -410,11 +415,11 @@ def _dispatcher_limit(backend: SDPBackend, label: str, can_use_name: str,
             return False
         try:
             params = torch.backends.cuda.SDPAParams(
-                call.q, call.k, call.v, call.attn_mask, 0.0, call.is_causal, call.enable_gqa
+                call.q, call.k, call.v, call.attn_mask, call.dropout[0], call.is_causal, call.enable_gqa
             )
         except TypeError:  # releases before enable_gqa
             params = torch.backends.cuda.SDPAParams(
-                call.q, call.k, call.v, call.attn_mask, 0.0, call.is_causal
+                call.q, call.k, call.v, call.attn_mask, call.dropout[0], call.is_causal
             )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -539,9 +544,11 @@ sdpa_flash = _make(
             FLASH_MISALIGNED_VIEWS,
             _dispatcher_limit(SDPBackend.FLASH_ATTENTION, "flash", "can_use_flash_attention", _PLAIN_CALLS),
         ),
-        variant_backward=frozenset(),
+        dropout=True,
+        variant_backward=frozenset({"dropout"}),
     ),
-    "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16; takes no mask, so no variant.",
+    "SDPA flash backend (FlashAttention-2), CUDA fp16/bf16; takes no mask, so no variant but "
+    "dropout (seeded through the CUDA generator, :func:`_seeded`).",
 )
 sdpa_efficient = _make(
     "sdpa_efficient",
@@ -560,9 +567,10 @@ sdpa_efficient = _make(
                 SDPBackend.EFFICIENT_ATTENTION, "efficient", "can_use_efficient_attention", _MASKED_CALLS
             ),
         ),
-        **_MASK_VARIANTS,
+        **_MASKED_WITH_DROPOUT,
     ),
-    "SDPA memory-efficient backend (xformers cutlass kernels), CUDA fp16/bf16/fp32; variants as masks.",
+    "SDPA memory-efficient backend (xformers cutlass kernels), CUDA fp16/bf16/fp32; variants as masks; "
+    "dropout seeded through the CUDA generator.",
 )
 sdpa_cudnn = _make(
     "sdpa_cudnn",
@@ -580,7 +588,8 @@ sdpa_cudnn = _make(
             CUDNN_MASKED_EMPTY_ROWS,
             _dispatcher_limit(SDPBackend.CUDNN_ATTENTION, "cuDNN", "can_use_cudnn_attention", _MASKED_CALLS),
         ),
-        **_MASK_VARIANTS,
+        **_MASKED_WITH_DROPOUT,
     ),
-    "SDPA cuDNN backend (FlashAttention-3 class on Hopper), CUDA fp16/bf16; variants as masks.",
+    "SDPA cuDNN backend (FlashAttention-3 class on Hopper), CUDA fp16/bf16; variants as masks; dropout "
+    "seeded through the CUDA generator.",
 )
