@@ -37,6 +37,7 @@ os.environ["TRITON_CACHE_AUTOTUNING"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashprop.kernels.triton_attention as ta
+import flashprop.kernels.triton_attention_kernels as tak
 import torch
 import triton
 from flashprop.kernels.triton_attention_launch import _TUNING_KEY
@@ -53,7 +54,7 @@ FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
 ALWAYS_FP32_POINTERS = {"Slopes", "Sinks", "Descale", "Scales"}
 #: The int32 index tensors: a varlen launch's cu_seqlens, the decode kernels' block table and
 #: cache lengths.
-INDEX_POINTERS = {"CuSeqQ", "CuSeqK", "Table", "Lengths"}
+INDEX_POINTERS = {"CuSeqQ", "CuSeqK", "Table", "Lengths", "TileMap", "Lens", "Flags"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2", "drop_scale"}
 #: The dropout's seed words and threshold (annotated int64 in the kernels).
 INT64_SCALARS = {"seed_lo", "seed_hi", "drop_threshold"}
@@ -275,6 +276,8 @@ def varlen_cases(passes: dict) -> list[tuple]:
     for name, p in passes.items():
         cases.append((f"{name} d=64 fp64 32x32 varlen all variants, unspecialised", p.plain,
                       {**every, **wide}, options, False, "fp64"))
+    cases.append(("varlen forward's tile map, unspecialised", tak._pack_tile_map, {"CHUNK": 64},
+                  {"num_warps": 4, "num_stages": 1}, False, "bf16"))
     return cases
 
 
@@ -321,6 +324,8 @@ def decode_cases() -> list[tuple]:
         options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}
         cases.append((f"decode combine dv=128 {POINTER_NAMES[dtype]} 64 splits, sinks, unspecialised",
                       td.COMBINE_PLAIN, meta, options, False, POINTER_NAMES[dtype]))
+    cases.append(("decode value check (lengths, block table), unspecialised", td._value_check,
+                  {"BLOCK": td._CHECK_BLOCK}, {"num_warps": 4, "num_stages": 1}, False, "bf16"))
     return cases
 
 

@@ -24,10 +24,9 @@ The finer checks they are made of (``check_window``, ``check_cache``, ...) are p
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -324,8 +323,8 @@ def check_cache(
     (num_pages, page_size, Hkv, D) paged with an int32 ``block_table`` (B, max_pages) of entries in
     ``[0, num_pages)``; int32 ``cache_seqlens`` (B,) in ``[0, capacity]``. Returns the capacity
     (Ncache, or ``max_pages * page_size``). ``values=False`` leaves the entries' and lengths'
-    ranges to :func:`check_cache_values`, or :func:`start_cache_value_check`: a kernel that reads
-    any values within bounds may check them while its kernels run."""
+    ranges to :func:`check_cache_values`, which a kernel that reads any values within bounds may
+    run while its kernels run (``kernels.triton_decode.start_value_check``)."""
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(
             f"decode q and caches must be 4-d, got {q.dim()}, {k_cache.dim()}, {v_cache.dim()} dims"
@@ -374,65 +373,6 @@ def check_cache_values(
         raise ValueError(
             f"cache_seqlens must be in [0, {capacity}] (the capacity), got {cache_seqlens.tolist()}"
         )
-
-
-@functools.cache
-def _check_stream(index: int) -> torch.cuda.Stream:
-    """The side stream the value checks of device ``index`` run on (one per device, of the highest
-    priority, so that its small kernels are scheduled before the blocks of the kernels they
-    overlap)."""
-    return torch.cuda.Stream(device=index, priority=-1)
-
-
-def start_cache_value_check(
-    k_cache: torch.Tensor, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None, capacity: int
-) -> Callable[[], None]:
-    """Begin :func:`check_cache_values` without a device synchronisation; the returned function
-    ends it (raising its ValueError for out-of-range values).
-
-    A kernel that reads any values within bounds (clamped lengths and page indices) calls this
-    before its launches and the returned function after them. On a GPU this records an event on
-    the current stream, the point after what wrote the lengths and the table; the function then
-    runs the check on a side stream that waits for that event alone (not for the kernels
-    launched since): the lengths' and the table's minimum and maximum (``torch.aminmax``) copied
-    into pinned host memory, and waits for that copy. So the host reads four numbers while the
-    GPU runs the kernels, and a malformed call still raises before it returns. (Checking after
-    the launch on the current stream synchronised with the whole call, and each of the check's
-    small kernels then waited for the host to launch it: on the H200 that took 0.05-0.23 ms per
-    decode call, more than the decode itself at 8 x 8k keys.) On the CPU the function checks at
-    once. A CUDA graph cannot capture it (the host reads the values): a call under capture is
-    refused with NotImplementedError."""
-    if cache_seqlens.device.type != "cuda":
-        return lambda: check_cache_values(k_cache, cache_seqlens, block_table, capacity)
-    if torch.cuda.is_current_stream_capturing():
-        raise NotImplementedError(
-            "a decode call checks cache_seqlens and block_table on the host, which a CUDA graph "
-            "cannot capture"
-        )
-    # each non-empty tensor with the range its values must lie in
-    ranges = ((cache_seqlens, (0, capacity)), (block_table, (0, k_cache.shape[0] - 1)))
-    checked = [(t, allowed) for t, allowed in ranges if t is not None and t.numel()]
-    if not checked:
-        return lambda: None
-    device = cache_seqlens.device
-    written = torch.cuda.Event()
-    written.record(torch.cuda.current_stream(device))
-
-    def finish() -> None:
-        side = _check_stream(device.index if device.index is not None else torch.cuda.current_device())
-        side.wait_event(written)
-        with torch.cuda.stream(side):
-            for t, _ in checked:
-                t.record_stream(side)  # the caller's tensors stay allocated until the side stream is done
-            bounds = torch.stack([m.to(torch.int64) for t, _ in checked for m in torch.aminmax(t)])
-            host = torch.empty(bounds.shape, dtype=torch.int64, pin_memory=True)
-            host.copy_(bounds, non_blocking=True)
-        side.synchronize()
-        low, high = host[0::2].tolist(), host[1::2].tolist()
-        if any(lo < a or hi > b for lo, hi, (_, (a, b)) in zip(low, high, checked)):
-            check_cache_values(k_cache, cache_seqlens, block_table, capacity)  # raises, with the message
-
-    return finish
 
 
 def check_decode(

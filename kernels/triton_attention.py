@@ -43,7 +43,7 @@ from flashprop.contract.validate import (
     check_varlen,
     dropout_threshold,
 )
-from flashprop.kernels.triton_attention_kernels import INTERPRET, _dropout_mask
+from flashprop.kernels.triton_attention_kernels import INTERPRET, _dropout_mask, _pack_tile_map
 from flashprop.kernels.triton_attention_launch import (
     _DEFAULT_TILE,
     _MAX_GRID_Y,
@@ -344,9 +344,31 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
     descale = lse if mods.descale is None else mods.descale
     args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk,
             *_variant_args(lse, mods, scale), *_dropout_args(mods.dropout), *sinks, descale)
-    rows_q, _, batch = _grid_sizes(nq, nk, b, pack)
-    _launch("fwd", lambda bm, bn: (triton.cdiv(rows_q, bm), batch * hq), args, meta, tiles)
-    return (o, lse) if pack is None else (o[0].transpose(0, 1), lse[0])
+    if pack is None:
+        meta.update(TileMap=lse, map_len=0)
+        _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm), b * hq), args, meta, tiles)
+        return o, lse
+    meta.update(TileMap=_tile_map(pack, nq), map_len=_map_len(pack, nq))
+    _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm) + pack.count, hq), args, meta, tiles)
+    return o[0].transpose(0, 1), lse[0]
+
+
+def _map_len(pack: _Pack, total: int) -> int:
+    """Entries per row of a pack's tile map: cdiv(Tq, 16) + B bounds the sum over sequences of
+    cdiv(Nq_s, BM) for every tile size BM >= 16 (each sequence adds at most one partial tile)."""
+    return triton.cdiv(total, TILE_SIZES[0]) + pack.count
+
+
+def _tile_map(pack: _Pack, total: int) -> Tensor:
+    """The forward's map from a program to its query tile of the pack, one row per tile size
+    of :data:`TILE_SIZES` (``triton_attention_kernels._pack_tile_map``), built on the device
+    from ``cu_seqlens_q`` without a synchronisation: an int32 (4, 2, :func:`_map_len`)."""
+    assert TILE_SIZES == (16, 32, 64, 128), "the map's rows are BM = 16 << row"
+    map_len = _map_len(pack, total)
+    tile_map = torch.empty((len(TILE_SIZES), 2, map_len), dtype=torch.int32, device=pack.cu_q.device)
+    with _on_device(pack.cu_q):
+        _pack_tile_map[(len(TILE_SIZES),)](pack.cu_q, pack.count, tile_map, map_len, CHUNK=64)
+    return tile_map
 
 
 def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,

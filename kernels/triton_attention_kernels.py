@@ -57,11 +57,15 @@ Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``SIN
 
 Varlen (``varlen``, ``flash_attn_varlen_func``'s signature; ``VARLEN``): sequence s of a pack is
 queries cu_q[s]:cu_q[s + 1] and keys cu_k[s]:cu_k[s + 1] of token-major tensors, and everything
-above holds for each sequence alone with its own Nq_s, Nk_s and c = Nk_s - Nq_s. The grids run
-over the longest sequences' tiles times sequences times heads; each program reads its
-sequence's bounds from cu_seqlens and exits at once when its tile lies past the sequence's
-end; tiles address the sequence's rows from its first token, so the loops are the dense ones.
-The backward preprocess needs no sequences: it runs on the pack as one batch element.
+above holds for each sequence alone with its own Nq_s, Nk_s and c = Nk_s - Nq_s. The forward's
+grid runs over the pack's query tiles (sequence by sequence, each's own tiles: a map built on
+the device, :func:`_pack_tile_map`) times heads, so a pack of one long and many short sequences
+launches no program per (short sequence, tile of the longest); a few past the last tile exit.
+The backward's grids run over the longest sequences' tiles times sequences times heads; each
+program reads its sequence's bounds from cu_seqlens and exits at once when its tile lies past
+the sequence's end. Tiles address the sequence's rows from its first token, so the loops are
+the dense ones. The backward preprocess needs no sequences: it runs on the pack as one batch
+element.
 
 Conventions (the flashprop kernel contract: the README's conventions table):
 
@@ -472,6 +476,44 @@ def _sequence(CuSeqQ, CuSeqK, off_b):
 
 
 @triton.jit
+def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr):
+    """The forward's tile map of a pack of ``count`` sequences (VARLEN). Program j writes row j,
+    for query tiles of BM = 16 << j rows: two int32 vectors of ``map_len`` entries, TileMap[j, 0, t]
+    the sequence of the pack's t-th tile and TileMap[j, 1, t] its index within the sequence,
+    where tile t runs over each sequence's cdiv(Nq_s, BM) tiles, sequence after sequence; -1
+    past the last tile (map_len >= cdiv(Tq, 16) + count bounds every row's tiles)."""
+    bm = 16 << tl.program_id(0)
+    seq_row = TileMap + tl.program_id(0) * 2 * map_len
+    tile_row = seq_row + map_len
+    first = tl.full([], 0, tl.int32)  # the pack's tiles before this chunk of sequences
+    for chunk in range(0, count, CHUNK):
+        idx = chunk + tl.arange(0, CHUNK)
+        ok = idx < count
+        n = tl.load(CuSeqQ + idx + 1, mask=ok, other=0) - tl.load(CuSeqQ + idx, mask=ok, other=0)
+        tiles = (n + bm - 1) // bm
+        starts = first + tl.cumsum(tiles, 0) - tiles
+        for k in range(0, tl.max(tiles, 0)):
+            mine = k < tiles
+            tl.store(seq_row + starts + k, idx, mask=mine)
+            tl.store(tile_row + starts + k, tl.zeros_like(idx) + k, mask=mine)
+        first += tl.sum(tiles, 0)
+    for rest in range(first, map_len, CHUNK):
+        t = rest + tl.arange(0, CHUNK)
+        tl.store(seq_row + t, tl.full([CHUNK], -1, tl.int32), mask=t < map_len)
+        tl.store(tile_row + t, tl.full([CHUNK], -1, tl.int32), mask=t < map_len)
+
+
+@triton.jit
+def _pack_tile(TileMap, map_len, BLOCK_M: tl.constexpr):
+    """(sequence, tile within it) of this program's query tile of a pack, program_id(0) read in
+    the row of :func:`_pack_tile_map` for BLOCK_M (16, 32, 64, 128: rows 0-3); sequence -1 past
+    the pack's last tile."""
+    row: tl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)
+    entry = TileMap + row * 2 * map_len + tl.program_id(0)
+    return tl.load(entry), tl.load(entry + map_len)
+
+
+@triton.jit
 def _fmix32(x):
     """MurmurHash3's 32-bit finaliser of uint32 ``x`` (products wrap mod 2^32)."""
     x = x ^ (x >> 16)
@@ -645,8 +687,8 @@ def _attn_fwd(
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
     seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, drop_scale: tl.float64,
     Sinks, stride_z, Descale,
-    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, TileMap, map_len, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr, SINKS: tl.constexpr, FP8: tl.constexpr, VARLEN: tl.constexpr,
     ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
@@ -677,11 +719,18 @@ def _attn_fwd(
 
     VARLEN (never with TMA): a pack of sequences, q, k, v, o token-major (T, H, D) with strides
     (unused, head, token, dim), the batch index off_b a sequence of int32 CuSeqQ, CuSeqK
-    (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid:
-    (cdiv(max_seqlen_q, BLOCK_M), sequences*Hq); tiles past a sequence's queries exit.
+    (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid: (cdiv(Tq,
+    BLOCK_M) + sequences, Hq), program_id(0) a tile of the pack's TileMap (:func:`_pack_tile`;
+    causal: each sequence's last tile first); programs past the last tile exit.
     """
-    start_m = _query_tile_start(BLOCK_M, CAUSAL)
-    off_bh = tl.program_id(1)
+    if VARLEN:  # the pack's tile program_id(0): its sequence, and its index in the sequence
+        seq, tile = _pack_tile(TileMap, map_len, BLOCK_M)
+        if seq < 0:
+            return
+        off_bh = seq * H_Q + tl.program_id(1)
+    else:
+        start_m = _query_tile_start(BLOCK_M, CAUSAL)
+        off_bh = tl.program_id(1)
     n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's, below)
     if TMA:  # descriptor coordinates are int32; descriptors hold their own strides
         off_b = off_bh // H_Q
@@ -694,8 +743,9 @@ def _attn_fwd(
         off_hkv = off_h // GROUP
         if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
             q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
-            if start_m >= n_q:  # a query tile past the sequence's end
-                return
+            if CAUSAL:  # the tiles that see the most keys first, as _query_tile_start
+                tile = tl.cdiv(n_q, BLOCK_M) - 1 - tile
+            start_m = tile * BLOCK_M
             q_base = Q + q_start * stride_qm + off_h * stride_qh
             k_base = K + k_start * stride_kn + off_hkv * stride_kh
             v_base = V + k_start * stride_vn + off_hkv * stride_vh
