@@ -493,7 +493,7 @@ def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr):
         tiles = (n + bm - 1) // bm
         starts = first + tl.cumsum(tiles, 0) - tiles
         for k in range(0, tl.max(tiles, 0)):
-            mine = k < tiles
+            mine = (k < tiles) & (starts + k < map_len)  # the bound holds by construction
             tl.store(seq_row + starts + k, idx, mask=mine)
             tl.store(tile_row + starts + k, tl.zeros_like(idx) + k, mask=mine)
         first += tl.sum(tiles, 0)

@@ -1,0 +1,50 @@
+"""The triton varlen forward's tile map lists each query tile of the pack once, in order.
+
+``kernels.triton_attention_kernels._pack_tile_map`` decides which programs of the varlen forward
+run which (sequence, tile): a tile it leaves out is a block of o and lse never written, one it
+lists twice is written twice, and the entries past the pack's tiles must be -1 (their programs
+exit). The property suite sees only the outputs, on whichever tile size a run takes (the
+interpreter's 32, the GPU's tuned 64 or 128), so here every row of the map runs under the
+interpreter against the list built in Python, on packs with zero-length sequences, one longer
+than a chunk of the kernel's loop, and more sequences than a chunk.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the tile map kernel on the CPU needs TRITON_INTERPRET=1 (set by tox)",
+)
+
+
+def _expected(lengths: list[int], block_m: int, map_len: int) -> tuple[list[int], list[int]]:
+    seqs = [s for s, n in enumerate(lengths) for _ in range(-(-n // block_m))]
+    tiles = [t for n in lengths for t in range(-(-n // block_m))]
+    pad = [-1] * (map_len - len(seqs))
+    return seqs + pad, tiles + pad
+
+
+@pytest.mark.parametrize("lengths", [
+    [5], [0], [0, 0, 3], [16, 17, 0, 128, 129, 1], [300, 2, 0, 45],
+    [(7 * i) % 23 for i in range(70)],  # more sequences than one chunk of 64, zeros among them
+], ids=lambda v: f"B{len(v)}")
+def test_tile_map_rows_list_every_tile_once_in_order(lengths: list[int]) -> None:
+    from flashprop.kernels.triton_attention import TILE_SIZES, _map_len, _Pack, _tile_map
+
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    total = int(cu[-1])
+    pack = _Pack(cu, cu, max(lengths), max(lengths), len(lengths))
+    tile_map = _tile_map(pack, total)
+    map_len = _map_len(pack, total)
+    assert tuple(tile_map.shape) == (len(TILE_SIZES), 2, map_len)
+    for row, block_m in enumerate(TILE_SIZES):
+        seqs, tiles = _expected(lengths, block_m, map_len)
+        assert tile_map[row, 0].tolist() == seqs, block_m
+        assert tile_map[row, 1].tolist() == tiles, block_m
+        # the forward's grid, cdiv(Tq, BM) + B programs, covers every listed tile
+        assert -(-total // block_m) + len(lengths) >= sum(s >= 0 for s in seqs)
