@@ -925,6 +925,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "(session 34), caught on the H200 by softcap-huge.",
         first=("test_variant_identities.py",),
     ),
+    Mutant(
+        "triton_varlen_partial_tiles_dropped",
+        TRITON_KERNELS,
+        "        tiles = (n + bm - 1) // bm\n",
+        "        tiles = n // bm\n",
+        "varlen grid misses partial tiles",
+        "The varlen forward's tile map counts each sequence's query tiles rounding down, so a "
+        "sequence whose length is not a multiple of the tile gets no program for its last rows: "
+        "their o and lse are never written (whatever the allocation held), and a sequence "
+        "shorter than one tile is skipped whole. triton-lang/triton#2020 (the tutorial's "
+        "backward preprocess launched a grid sized for another block: rows left uncomputed), "
+        "ROCm/triton#409 (sequence lengths rounded down to the block, the irregular last block "
+        "handled apart).",
+        first=("test_varlen.py",),
+    ),
     # ------------------------------------------------------- triton decode (kernels/triton_decode.py)
     Mutant(
         "triton_decode_v_with_k_scale",
