@@ -509,11 +509,11 @@ def start_value_check(k_cache: Tensor, cache_seqlens: Tensor, block_table: Tenso
     stream has enqueued (whatever wrote the lengths and the table) and runs one :func:`_value_check`
     program per 1,024 entries (at most 16), then copies the flags into pinned host memory; the
     returned function waits for that copy alone. Enqueued ahead of the decode on a stream of the
-    highest priority, the check's programs are dispatched first when both become ready, so the host
-    reads the flags a few microseconds into the decode and can enqueue the next call while the
-    decode runs. (Session 35: the check as a chain of torch reductions enqueued after the launches
-    could start its second kernel only when the decode's blocks left the SMs, and a decode call
-    then took 0.02-0.16 ms longer than the decode on the H100's short rows.) On the CPU the
+    highest priority, the check's programs are meant to be dispatched first when both become
+    ready, so that the host reads the flags early in the decode and can enqueue the next call
+    while the decode runs. (Session 35: the check as a chain of torch reductions enqueued after
+    the launches, each waiting for the one before, took a decode call 0.02-0.16 ms past the decode
+    on the H100's short rows; this version's timing: docs/results/2026-12-05-s36.md.) On the CPU the
     function checks at once. A CUDA graph cannot capture a call (the host reads the flags): it
     is refused with NotImplementedError."""
     if cache_seqlens.device.type != "cuda":
