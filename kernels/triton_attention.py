@@ -348,26 +348,23 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
         meta.update(TileMap=lse, map_len=0)
         _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm), b * hq), args, meta, tiles)
         return o, lse
-    meta.update(TileMap=_tile_map(pack, nq), map_len=_map_len(pack, nq))
+    tile_map = _tile_map(pack, nq)
+    meta.update(TileMap=tile_map, map_len=tile_map.shape[-1])
     _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm) + pack.count, hq), args, meta, tiles)
     return o[0].transpose(0, 1), lse[0]
 
 
-def _map_len(pack: _Pack, total: int) -> int:
-    """Entries per row of a pack's tile map: cdiv(Tq, 16) + B bounds the sum over sequences of
-    cdiv(Nq_s, BM) for every tile size BM >= 16 (each sequence adds at most one partial tile)."""
-    return triton.cdiv(total, TILE_SIZES[0]) + pack.count
-
-
 def _tile_map(pack: _Pack, total: int) -> Tensor:
-    """The forward's map from a program to its query tile of the pack, one row per tile size
-    of :data:`TILE_SIZES` (``triton_attention_kernels._pack_tile_map``), built on the device
-    from ``cu_seqlens_q`` without a synchronisation: an int32 (4, 2, :func:`_map_len`)."""
+    """The forward's map from a program to its query tile of a pack of ``total`` queries, one row
+    per tile size of :data:`TILE_SIZES` (``triton_attention_kernels._pack_tile_map``), built on
+    the device from ``cu_seqlens_q`` without a synchronisation: an int32 (4, 2, map_len), where
+    map_len = cdiv(Tq, 16) + B bounds the sum over sequences of cdiv(Nq_s, BM) for every tile
+    size BM >= 16 (each sequence adds at most one partial tile). Launched on the caller's
+    device, as the forward is (``_attend``)."""
     assert TILE_SIZES == (16, 32, 64, 128), "the map's rows are BM = 16 << row"
-    map_len = _map_len(pack, total)
+    map_len = triton.cdiv(total, TILE_SIZES[0]) + pack.count
     tile_map = torch.empty((len(TILE_SIZES), 2, map_len), dtype=torch.int32, device=pack.cu_q.device)
-    with _on_device(pack.cu_q):
-        _pack_tile_map[(len(TILE_SIZES),)](pack.cu_q, pack.count, tile_map, map_len, CHUNK=64)
+    _pack_tile_map[(len(TILE_SIZES),)](pack.cu_q, pack.count, tile_map, map_len, CHUNK=64)
     return tile_map
 
 
