@@ -276,7 +276,8 @@ def varlen_cases(passes: dict) -> list[tuple]:
     for name, p in passes.items():
         cases.append((f"{name} d=64 fp64 32x32 varlen all variants, unspecialised", p.plain,
                       {**every, **wide}, options, False, "fp64"))
-    cases.append(("varlen forward's tile map, unspecialised", tak._pack_tile_map, {"CHUNK": 64},
+    cases.append(("varlen forward's tile map, unspecialised", tak._pack_tile_map,
+                  {"CHUNK": ta._MAP_CHUNK, "SORT_MAX": ta._MAP_SORT_MAX},
                   {"num_warps": 4, "num_stages": 1}, False, "bf16"))
     return cases
 

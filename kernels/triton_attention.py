@@ -350,21 +350,30 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
         return o, lse
     tile_map = _tile_map(pack, nq)
     meta.update(TileMap=tile_map, map_len=tile_map.shape[-1])
-    _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm) + pack.count, hq), args, meta, tiles)
+    _launch("fwd", lambda bm, bn: ((triton.cdiv(nq, bm) + pack.count) * hq,), args, meta, tiles)
     return o[0].transpose(0, 1), lse[0]
+
+
+#: The tile map kernel's chunk of sequences per program.
+_MAP_CHUNK = 64
+#: Packs of up to this many sequences list them longest first in the tile map (the sort costs
+#: count^2 / _MAP_CHUNK comparisons per program); larger ones in pack order.
+_MAP_SORT_MAX = 2048
 
 
 def _tile_map(pack: _Pack, total: int) -> Tensor:
     """The forward's map from a program to its query tile of a pack of ``total`` queries, one row
     per tile size of :data:`TILE_SIZES` (``triton_attention_kernels._pack_tile_map``), built on
-    the device from ``cu_seqlens_q`` without a synchronisation: an int32 (4, 2, map_len), where
+    the device from ``cu_seqlens_q`` without a synchronisation, the longest sequences first
+    (packs of up to :data:`_MAP_SORT_MAX` sequences): an int32 (4, 2, map_len), where
     map_len = cdiv(Tq, 16) + B bounds the sum over sequences of cdiv(Nq_s, BM) for every tile
     size BM >= 16 (each sequence adds at most one partial tile). Launched on the caller's
     device, as the forward is (``_attend``)."""
     assert TILE_SIZES == (16, 32, 64, 128), "the map's rows are BM = 16 << row"
     map_len = triton.cdiv(total, TILE_SIZES[0]) + pack.count
     tile_map = torch.empty((len(TILE_SIZES), 2, map_len), dtype=torch.int32, device=pack.cu_q.device)
-    _pack_tile_map[(len(TILE_SIZES),)](pack.cu_q, pack.count, tile_map, map_len, CHUNK=64)
+    grid = (max(1, triton.cdiv(pack.count, _MAP_CHUNK)), len(TILE_SIZES))
+    _pack_tile_map[grid](pack.cu_q, pack.count, tile_map, map_len, CHUNK=_MAP_CHUNK, SORT_MAX=_MAP_SORT_MAX)
     return tile_map
 
 

@@ -58,9 +58,10 @@ Each variant is a compile-time switch (``WINDOW``, ``SOFTCAP``, ``ALIBI``, ``SIN
 Varlen (``varlen``, ``flash_attn_varlen_func``'s signature; ``VARLEN``): sequence s of a pack is
 queries cu_q[s]:cu_q[s + 1] and keys cu_k[s]:cu_k[s + 1] of token-major tensors, and everything
 above holds for each sequence alone with its own Nq_s, Nk_s and c = Nk_s - Nq_s. The forward's
-grid runs over the pack's query tiles (sequence by sequence, each's own tiles: a map built on
-the device, :func:`_pack_tile_map`) times heads, so a pack of one long and many short sequences
-launches no program per (short sequence, tile of the longest); a few past the last tile exit.
+grid runs over the pack's query tiles (each sequence's own tiles, the longest sequences first: a
+map built on the device, :func:`_pack_tile_map`) times heads, so a pack of one long and many
+short sequences launches no program per (short sequence, tile of the longest) and does not end
+on the longest one's tiles alone; a few programs past the last tile exit.
 The backward's grids run over the longest sequences' tiles times sequences times heads; each
 program reads its sequence's bounds from cu_seqlens and exits at once when its tile lies past
 the sequence's end. Tiles address the sequence's rows from its first token, so the loops are
@@ -476,41 +477,72 @@ def _sequence(CuSeqQ, CuSeqK, off_b):
 
 
 @triton.jit
-def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr):
-    """The forward's tile map of a pack of ``count`` sequences (VARLEN). Program j writes row j,
-    for query tiles of BM = 16 << j rows: two int32 vectors of ``map_len`` entries, TileMap[j, 0, t]
-    the sequence of the pack's t-th tile and TileMap[j, 1, t] its index within the sequence,
-    where tile t runs over each sequence's cdiv(Nq_s, BM) tiles, sequence after sequence; -1
-    past the last tile (map_len >= cdiv(Tq, 16) + count bounds every row's tiles)."""
-    bm = 16 << tl.program_id(0)
-    seq_row = TileMap + tl.program_id(0) * 2 * map_len
-    tile_row = seq_row + map_len
-    first = tl.full([], 0, tl.int32)  # the pack's tiles before this chunk of sequences
-    for chunk in range(0, count, CHUNK):
-        idx = chunk + tl.arange(0, CHUNK)
-        ok = idx < count
-        n = tl.load(CuSeqQ + idx + 1, mask=ok, other=0) - tl.load(CuSeqQ + idx, mask=ok, other=0)
-        tiles = (n + bm - 1) // bm
-        starts = first + tl.cumsum(tiles, 0) - tiles
-        for k in range(0, tl.max(tiles, 0)):
-            mine = (k < tiles) & (starts + k < map_len)  # the bound holds by construction
-            tl.store(seq_row + starts + k, idx, mask=mine)
-            tl.store(tile_row + starts + k, tl.zeros_like(idx) + k, mask=mine)
-        first += tl.sum(tiles, 0)
-    for rest in range(first, map_len, CHUNK):
-        t = rest + tl.arange(0, CHUNK)
-        tl.store(seq_row + t, tl.full([CHUNK], -1, tl.int32), mask=t < map_len)
-        tl.store(tile_row + t, tl.full([CHUNK], -1, tl.int32), mask=t < map_len)
+def _query_tiles(CuSeqQ, idx, count, bm):
+    """(N_s, cdiv(N_s, bm)): the query count and query tiles of sequences ``idx`` of a pack of
+    ``count`` (0 past the pack)."""
+    ok = idx < count
+    n = tl.load(CuSeqQ + idx + 1, mask=ok, other=0) - tl.load(CuSeqQ + idx, mask=ok, other=0)
+    tiles = (n + bm - 1) // bm
+    return n, tiles
 
 
 @triton.jit
-def _pack_tile(TileMap, map_len, BLOCK_M: tl.constexpr):
-    """(sequence, tile within it) of this program's query tile of a pack, program_id(0) read in
-    the row of :func:`_pack_tile_map` for BLOCK_M (16, 32, 64, 128: rows 0-3); sequence -1 past
-    the pack's last tile."""
+def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MAX: tl.constexpr):
+    """The forward's tile map of a pack of ``count`` sequences (VARLEN). Program (c, j) writes
+    sequences c * CHUNK .. c * CHUNK + CHUNK - 1 into row j, for query tiles of BM = 16 << j rows:
+    two int32 vectors of ``map_len`` entries, TileMap[j, 0, t] the sequence of the pack's t-th
+    tile and TileMap[j, 1, t] its index within the sequence; -1 past the last tile (map_len >=
+    cdiv(Tq, 16) + count bounds every row's tiles).
+
+    Order: each sequence's cdiv(N_s, BM) tiles are consecutive; the sequences come longest first
+    (ties in pack order) when count <= SORT_MAX, else in pack order. The forward's programs run
+    the map's entries in order (heads fastest), so the longest sequences' tiles, the slowest
+    programs, start first and the short ones fill the last wave: a pack drawn with its longest
+    sequence last otherwise ends on that sequence's tiles alone. A sequence's first tile in the
+    map is the number of tiles of the sequences before it: with the sort, a sum over every
+    sequence of the pack (count / CHUNK steps of CHUNK x CHUNK comparisons); without, the tiles of
+    the chunks before this one and a cumulative sum within it."""
+    bm = 16 << tl.program_id(1)
+    seq_row = TileMap + tl.program_id(1) * 2 * map_len
+    tile_row = seq_row + map_len
+    mine = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
+    n, tiles = _query_tiles(CuSeqQ, mine, count, bm)
+    if count <= SORT_MAX:
+        first = tl.zeros([CHUNK], tl.int32)  # tiles of the sequences listed before each of mine
+        total = tl.full([], 0, tl.int32)
+        for other0 in range(0, count, CHUNK):
+            other = other0 + tl.arange(0, CHUNK)
+            n_o, tiles_o = _query_tiles(CuSeqQ, other, count, bm)
+            ahead = (n_o[:, None] > n[None, :]) | ((n_o[:, None] == n[None, :]) & (other[:, None] < mine[None, :]))
+            first += tl.sum(tl.where(ahead, tiles_o[:, None], 0), 0)
+            total += tl.sum(tiles_o, 0)
+    else:
+        before = tl.full([], 0, tl.int32)  # tiles of the chunks before this one
+        for other0 in range(0, tl.program_id(0) * CHUNK, CHUNK):
+            before += tl.sum(_query_tiles(CuSeqQ, other0 + tl.arange(0, CHUNK), count, bm)[1], 0)
+        first = before + tl.cumsum(tiles, 0) - tiles
+        total = before + tl.sum(tiles, 0)  # the pack's tiles when this chunk is the last
+    for k in range(0, tl.max(tiles, 0)):
+        listed = (k < tiles) & (first + k < map_len)  # the bound holds by construction
+        tl.store(seq_row + first + k, mine, mask=listed)
+        tl.store(tile_row + first + k, tl.zeros_like(mine) + k, mask=listed)
+    if tl.program_id(0) == tl.num_programs(0) - 1:  # the last chunk: -1 past the pack's tiles
+        for rest in range(total, map_len, CHUNK):
+            t = rest + tl.arange(0, CHUNK)
+            tl.store(seq_row + t, tl.full([CHUNK], -1, tl.int32), mask=t < map_len)
+            tl.store(tile_row + t, tl.full([CHUNK], -1, tl.int32), mask=t < map_len)
+
+
+@triton.jit
+def _pack_tile(TileMap, map_len, BLOCK_M: tl.constexpr, H_Q):
+    """(sequence, tile within it, query head) of this program of a pack's forward: program_id(0)
+    is entry // H_Q of the row of :func:`_pack_tile_map` for BLOCK_M (16, 32, 64, 128: rows 0-3)
+    and head program_id(0) % H_Q (heads fastest, so the programs start in the map's order);
+    sequence -1 past the pack's last tile."""
     row: tl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)
-    entry = TileMap + row * 2 * map_len + tl.program_id(0)
-    return tl.load(entry), tl.load(entry + map_len)
+    pid = tl.program_id(0)
+    entry = TileMap + row * 2 * map_len + pid // H_Q
+    return tl.load(entry), tl.load(entry + map_len), pid % H_Q
 
 
 @triton.jit
@@ -719,15 +751,16 @@ def _attn_fwd(
 
     VARLEN (never with TMA): a pack of sequences, q, k, v, o token-major (T, H, D) with strides
     (unused, head, token, dim), the batch index off_b a sequence of int32 CuSeqQ, CuSeqK
-    (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid: (cdiv(Tq,
-    BLOCK_M) + sequences, Hq), program_id(0) a tile of the pack's TileMap (:func:`_pack_tile`;
-    causal: each sequence's last tile first); programs past the last tile exit.
+    (:func:`_sequence`), N_Q, N_K the packed totals Tq, Tk, LSE (Hq, Tq). Grid: ((cdiv(Tq,
+    BLOCK_M) + sequences) * Hq,), program_id(0) an entry of the pack's TileMap and a head
+    (:func:`_pack_tile`; causal: each sequence's last tile first); programs past the last tile
+    exit.
     """
     if VARLEN:  # the pack's tile program_id(0): its sequence, and its index in the sequence
-        seq, tile = _pack_tile(TileMap, map_len, BLOCK_M)
+        seq, tile, head = _pack_tile(TileMap, map_len, BLOCK_M, H_Q)
         if seq < 0:
             return
-        off_bh = seq * H_Q + tl.program_id(1)
+        off_bh = seq * H_Q + head
     else:
         start_m = _query_tile_start(BLOCK_M, CAUSAL)
         off_bh = tl.program_id(1)
