@@ -513,7 +513,8 @@ def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MA
         for other0 in range(0, count, CHUNK):
             other = other0 + tl.arange(0, CHUNK)
             n_o, tiles_o = _query_tiles(CuSeqQ, other, count, bm)
-            ahead = (n_o[:, None] > n[None, :]) | ((n_o[:, None] == n[None, :]) & (other[:, None] < mine[None, :]))
+            longer, tie = n_o[:, None] > n[None, :], n_o[:, None] == n[None, :]
+            ahead = longer | (tie & (other[:, None] < mine[None, :]))
             first += tl.sum(tl.where(ahead, tiles_o[:, None], 0), 0)
             total += tl.sum(tiles_o, 0)
     else:
