@@ -7,7 +7,13 @@ import pytest
 from flashprop.contract.registry import load_kernel
 from flashprop.harness.check import PropertyFailure
 from flashprop.harness.strategies import Sizes
-from flashprop.properties.test_precision import SOFTCAP_CANCELLING, check_softcap, softcap_problems
+from flashprop.properties.test_precision import (
+    DECODE_CANCELLING,
+    SOFTCAP_CANCELLING,
+    check_decode,
+    check_softcap,
+    softcap_problems,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +32,17 @@ def test_softcap_precision_counts_p_rounding_on_a_cancelling_output():
     check_softcap(load_kernel("ref-blocked"), SOFTCAP_CANCELLING)
     with pytest.raises(PropertyFailure, match="softcap-precision"):
         check_softcap(load_kernel("mutants.catalogue:blocked_softcap_low_precision"), SOFTCAP_CANCELLING)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 4])
+def test_decode_precision_counts_float32_partials_on_a_cancelling_output(num_splits: int):
+    """The campaign's false alarm (two float32 partials of about +-4 cancelling to o = -2e-4)
+    passes the correct kernel with any number of splits; partials kept in fp16 still fail it."""
+    p = DECODE_CANCELLING.replace(num_splits=num_splits)
+    check_decode(load_kernel("ref-blocked"), p)
+    if num_splits > 1:
+        with pytest.raises(PropertyFailure, match="o: mean"):
+            check_decode(load_kernel("mutants.catalogue:blocked_split_partials_low_precision"), p)
 
 
 def test_softcap_precision_keeps_its_power():
