@@ -757,7 +757,7 @@ def _attn_fwd(
     (:func:`_pack_tile`; causal: each sequence's last tile first); programs past the last tile
     exit.
     """
-    if VARLEN:  # the pack's tile program_id(0): its sequence, and its index in the sequence
+    if VARLEN:  # program_id(0): the pack's tile (its sequence and index in it) and the head
         seq, tile, head = _pack_tile(TileMap, map_len, BLOCK_M, H_Q)
         if seq < 0:
             return
