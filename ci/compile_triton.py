@@ -54,7 +54,7 @@ FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
 ALWAYS_FP32_POINTERS = {"Slopes", "Sinks", "Descale", "Scales"}
 #: The int32 index tensors: a varlen launch's cu_seqlens, the decode kernels' block table and
 #: cache lengths.
-INDEX_POINTERS = {"CuSeqQ", "CuSeqK", "Table", "Lengths", "TileMap", "Lens", "Flags"}
+INDEX_POINTERS = {"CuSeq", "CuSeqQ", "CuSeqK", "Table", "Lengths", "TileMap", "Lens", "Flags"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2", "drop_scale"}
 #: The dropout's seed words and threshold (annotated int64 in the kernels).
 INT64_SCALARS = {"seed_lo", "seed_hi", "drop_threshold"}
@@ -276,7 +276,7 @@ def varlen_cases(passes: dict) -> list[tuple]:
     for name, p in passes.items():
         cases.append((f"{name} d=64 fp64 32x32 varlen all variants, unspecialised", p.plain,
                       {**every, **wide}, options, False, "fp64"))
-    cases.append(("varlen forward's tile map, unspecialised", tak._pack_tile_map,
+    cases.append(("varlen tile map, unspecialised", tak._pack_tile_map,
                   {"CHUNK": ta._MAP_CHUNK, "SORT_MAX": ta._MAP_SORT_MAX},
                   {"num_warps": 4, "num_stages": 1}, False, "bf16"))
     return cases

@@ -209,8 +209,8 @@ class _Pack:
 
     Attributes:
         cu_q, cu_k: ``cu_seqlens_q``, ``cu_seqlens_k``: int32 (B + 1,), contiguous.
-        max_q, max_k: ``max_seqlen_q``, ``max_seqlen_k``: the grids' query and key rows.
-        count: the number of sequences B (the grids' batch).
+        max_q, max_k: ``max_seqlen_q``, ``max_seqlen_k``: they class the sequences (``SEQ_CLASS``).
+        count: the number of sequences B (the tile maps' and the grids').
     """
 
     cu_q: Tensor
@@ -306,11 +306,14 @@ def _as_batch(t: Tensor) -> Tensor:
     return t.transpose(0, 1).unsqueeze(0)
 
 
-def _grid_sizes(nq: int, nk: int, b: int, pack: _Pack | None) -> tuple[int, int, int]:
-    """The query rows, key rows and batch elements the grids cover: the tensors' own (Nq, Nk, B),
-    or a pack's longest sequences and its number of sequences (the (1, H, T, D) views' T are
-    the packed totals)."""
-    return (nq, nk, b) if pack is None else (pack.max_q, pack.max_k, pack.count)
+def _pass_grid(rows: int, block: int, heads: int, b: int, pack: _Pack | None) -> tuple[int, ...]:
+    """A tiled pass's grid over ``rows`` query (or key) rows in tiles of ``block`` for ``heads``
+    heads: dense, (cdiv(N, block), B * heads); a pack of T = ``rows`` packed rows, one program
+    per entry of its tile map and head, ((cdiv(T, block) + sequences) * heads,), which bounds the
+    pack's tiles (:func:`_tile_map`)."""
+    if pack is None:
+        return triton.cdiv(rows, block), b * heads
+    return (triton.cdiv(rows, block) + pack.count) * heads,
 
 
 def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
@@ -344,14 +347,9 @@ def _forward(q: Tensor, k: Tensor, v: Tensor, mods: _Mods, scale: float,
     descale = lse if mods.descale is None else mods.descale
     args = (*tensors, lse, *(s for st in strides for s in st), hq, hq // hkv, nq, nk,
             *_variant_args(lse, mods, scale), *_dropout_args(mods.dropout), *sinks, descale)
-    if pack is None:
-        meta.update(TileMap=lse, map_len=0)
-        _launch("fwd", lambda bm, bn: (triton.cdiv(nq, bm), b * hq), args, meta, tiles)
-        return o, lse
-    tile_map = _tile_map(pack, nq)
-    meta.update(TileMap=tile_map, map_len=tile_map.shape[-1])
-    _launch("fwd", lambda bm, bn: ((triton.cdiv(nq, bm) + pack.count) * hq,), args, meta, tiles)
-    return o[0].transpose(0, 1), lse[0]
+    meta.update(_map_args(pack, "q", nq, lse))
+    _launch("fwd", lambda bm, bn: _pass_grid(nq, bm, hq, b, pack), args, meta, tiles)
+    return (o, lse) if pack is None else (o[0].transpose(0, 1), lse[0])
 
 
 #: The tile map kernel's chunk of sequences per program.
@@ -361,20 +359,31 @@ _MAP_CHUNK = 64
 _MAP_SORT_MAX = 2048
 
 
-def _tile_map(pack: _Pack, total: int) -> Tensor:
-    """The forward's map from a program to its query tile of a pack of ``total`` queries, one row
-    per tile size of :data:`TILE_SIZES` (``triton_attention_kernels._pack_tile_map``), built on
-    the device from ``cu_seqlens_q`` without a synchronisation, the longest sequences first
-    (packs of up to :data:`_MAP_SORT_MAX` sequences): an int32 (4, 2, map_len), where
-    map_len = cdiv(Tq, 16) + B bounds the sum over sequences of cdiv(Nq_s, BM) for every tile
-    size BM >= 16 (each sequence adds at most one partial tile). Launched on the caller's
-    device, as the forward is (``_attend``)."""
+def _tile_map(cu_seqlens: Tensor, count: int, total: int) -> Tensor:
+    """The map from a program to its tile of a pack of ``count`` sequences of ``total`` rows,
+    as ``cu_seqlens`` counts them (the queries: the forward's and dQ's tiles; the keys: dK/dV's),
+    one row per tile size of :data:`TILE_SIZES` (``triton_attention_kernels._pack_tile_map``),
+    built on the device without a synchronisation, the longest sequences first (packs of up to
+    :data:`_MAP_SORT_MAX` sequences): an int32 (4, 2, map_len), where map_len = cdiv(T, 16) + B
+    bounds the sum over sequences of cdiv(N_s, BM) for every tile size BM >= 16 (each sequence
+    adds at most one partial tile). Launched on the caller's device, as the passes are
+    (``_attend``)."""
     assert TILE_SIZES == (16, 32, 64, 128), "the map's rows are BM = 16 << row"
-    map_len = triton.cdiv(total, TILE_SIZES[0]) + pack.count
-    tile_map = torch.empty((len(TILE_SIZES), 2, map_len), dtype=torch.int32, device=pack.cu_q.device)
-    grid = (max(1, triton.cdiv(pack.count, _MAP_CHUNK)), len(TILE_SIZES))
-    _pack_tile_map[grid](pack.cu_q, pack.count, tile_map, map_len, CHUNK=_MAP_CHUNK, SORT_MAX=_MAP_SORT_MAX)
+    map_len = triton.cdiv(total, TILE_SIZES[0]) + count
+    tile_map = torch.empty((len(TILE_SIZES), 2, map_len), dtype=torch.int32, device=cu_seqlens.device)
+    grid = (max(1, triton.cdiv(count, _MAP_CHUNK)), len(TILE_SIZES))
+    _pack_tile_map[grid](cu_seqlens, count, tile_map, map_len, CHUNK=_MAP_CHUNK, SORT_MAX=_MAP_SORT_MAX)
     return tile_map
+
+
+def _map_args(pack: _Pack | None, rows: str, total: int, spare: Tensor) -> dict:
+    """A tiled pass's ``TileMap`` and ``map_len``: a pack's :func:`_tile_map` over its query
+    (``rows`` "q": the forward's and dQ's tiles) or key ("k": dK/dV's) rows, ``total`` of them;
+    a dense call's unused (``spare``, any tensor of the call, and 0)."""
+    if pack is None:
+        return {"TileMap": spare, "map_len": 0}
+    tile_map = _tile_map(pack.cu_q if rows == "q" else pack.cu_k, pack.count, total)
+    return {"TileMap": tile_map, "map_len": tile_map.shape[-1]}
 
 
 def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tensor,
@@ -407,15 +416,16 @@ def _backward(do: Tensor, dlse: Tensor, q: Tensor, k: Tensor, v: Tensor, o: Tens
     strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
     qk_scale, *variant = _variant_args(lse, mods, scale)
     variant += _dropout_args(mods.dropout)
-    rows_q, rows_k, batch = _grid_sizes(nq, nk, b, pack)
-    _launch("bwd_dkdv", lambda bm, bn: (triton.cdiv(rows_k, bn), batch * hkv),
+    _launch("bwd_dkdv", lambda bm, bn: _pass_grid(nk, bn, hkv, b, pack),
             (q, k, v, do, dk, dv, lse2, delta, *strides, *dk.stride(), *dv.stride(),
              hkv, hq // hkv, nq, nk, qk_scale, scale, *variant),
-            {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dk, dv)}, tiles)
-    _launch("bwd_dq", lambda bm, bn: (triton.cdiv(rows_q, bm), batch * hq),
+            {**meta, **_map_args(pack, "k", nk, lse), "WIDE_ROWS": wide_rows(q, k, v, do, dk, dv)},
+            tiles)
+    _launch("bwd_dq", lambda bm, bn: _pass_grid(nq, bm, hq, b, pack),
             (q, k, v, do, dq, lse2, delta, *strides, *dq.stride(),
              hq, hq // hkv, nq, nk, qk_scale, scale, *variant),
-            {**meta, "WIDE_ROWS": wide_rows(q, k, v, do, dq)}, tiles)
+            {**meta, **_map_args(pack, "q", nq, lse), "WIDE_ROWS": wide_rows(q, k, v, do, dq)},
+            tiles)
     dsinks = None
     if sinks_grad:  # dz_h = -sum_{b,i} exp(z_h - lse_bhi) * Delta_bhi (0 on rows of lse = -inf)
         z = mods.sinks.to(lse.dtype)[None, :, None]

@@ -477,28 +477,29 @@ def _sequence(CuSeqQ, CuSeqK, off_b):
 
 
 @triton.jit
-def _query_tiles(CuSeqQ, idx, count, bm):
-    """(N_s, cdiv(N_s, bm)): the query count and query tiles of sequences ``idx`` of a pack of
-    ``count`` (0 past the pack)."""
+def _row_tiles(CuSeq, idx, count, bm):
+    """(N_s, cdiv(N_s, bm)): the rows (queries or keys, as ``CuSeq`` counts them) and tiles of
+    bm rows of sequences ``idx`` of a pack of ``count`` (0 past the pack)."""
     ok = idx < count
-    n = tl.load(CuSeqQ + idx + 1, mask=ok, other=0) - tl.load(CuSeqQ + idx, mask=ok, other=0)
+    n = tl.load(CuSeq + idx + 1, mask=ok, other=0) - tl.load(CuSeq + idx, mask=ok, other=0)
     tiles = (n + bm - 1) // bm
     return n, tiles
 
 
 @triton.jit
-def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MAX: tl.constexpr):
-    """The forward's tile map of a pack of ``count`` sequences (VARLEN). Program (c, j) writes
-    sequences c * CHUNK .. c * CHUNK + CHUNK - 1 into row j, for query tiles of BM = 16 << j rows:
-    two int32 vectors of ``map_len`` entries, TileMap[j, 0, t] the sequence of the pack's t-th
-    tile and TileMap[j, 1, t] its index within the sequence; -1 past the last tile (map_len >=
-    cdiv(Tq, 16) + count bounds every row's tiles).
+def _pack_tile_map(CuSeq, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MAX: tl.constexpr):
+    """The tile map of a pack of ``count`` sequences (VARLEN) over the rows ``CuSeq`` counts:
+    the queries (cu_seqlens_q: the forward's and dQ's tiles) or the keys (cu_seqlens_k: dK/dV's).
+    Program (c, j) writes sequences c * CHUNK .. c * CHUNK + CHUNK - 1 into row j, for tiles of
+    BM = 16 << j rows: two int32 vectors of ``map_len`` entries, TileMap[j, 0, t] the sequence of
+    the pack's t-th tile and TileMap[j, 1, t] its index within the sequence; -1 past the last
+    tile (map_len >= cdiv(T, 16) + count bounds every row's tiles).
 
     Order: each sequence's cdiv(N_s, BM) tiles are consecutive; the sequences come longest first
-    (ties in pack order) when count <= SORT_MAX, else in pack order. The forward's programs run
-    the map's entries in order (heads fastest), so the longest sequences' tiles, the slowest
-    programs, start first and the short ones fill the last wave: a pack drawn with its longest
-    sequence last otherwise ends on that sequence's tiles alone. A sequence's first tile in the
+    (ties in pack order) when count <= SORT_MAX, else in pack order. The passes run the map's
+    entries in order (heads fastest), so the longest sequences' tiles, the slowest programs,
+    start first and the short ones fill the last wave: a pack drawn with its longest sequence
+    last otherwise ends on that sequence's tiles alone. A sequence's first tile in the
     map is the number of tiles of the sequences before it: with the sort, a sum over every
     sequence of the pack (count / CHUNK steps of CHUNK x CHUNK comparisons); without, the tiles of
     the chunks before this one and a cumulative sum within it."""
@@ -506,13 +507,13 @@ def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MA
     seq_row = TileMap + tl.program_id(1) * 2 * map_len
     tile_row = seq_row + map_len
     mine = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    n, tiles = _query_tiles(CuSeqQ, mine, count, bm)
+    n, tiles = _row_tiles(CuSeq, mine, count, bm)
     if count <= SORT_MAX:
         first = tl.zeros([CHUNK], tl.int32)  # tiles of the sequences listed before each of mine
         total = tl.full([], 0, tl.int32)
         for other0 in range(0, count, CHUNK):
             other = other0 + tl.arange(0, CHUNK)
-            n_o, tiles_o = _query_tiles(CuSeqQ, other, count, bm)
+            n_o, tiles_o = _row_tiles(CuSeq, other, count, bm)
             longer, tie = n_o[:, None] > n[None, :], n_o[:, None] == n[None, :]
             ahead = longer | (tie & (other[:, None] < mine[None, :]))
             first += tl.sum(tl.where(ahead, tiles_o[:, None], 0), 0)
@@ -520,7 +521,7 @@ def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MA
     else:
         before = tl.full([], 0, tl.int32)  # tiles of the chunks before this one
         for other0 in range(0, tl.program_id(0) * CHUNK, CHUNK):
-            before += tl.sum(_query_tiles(CuSeqQ, other0 + tl.arange(0, CHUNK), count, bm)[1], 0)
+            before += tl.sum(_row_tiles(CuSeq, other0 + tl.arange(0, CHUNK), count, bm)[1], 0)
         first = before + tl.cumsum(tiles, 0) - tiles
         total = before + tl.sum(tiles, 0)  # the pack's tiles when this chunk is the last
     for k in range(0, tl.max(tiles, 0)):
@@ -535,15 +536,16 @@ def _pack_tile_map(CuSeqQ, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MA
 
 
 @triton.jit
-def _pack_tile(TileMap, map_len, BLOCK_M: tl.constexpr, H_Q):
-    """(sequence, tile within it, query head) of this program of a pack's forward: program_id(0)
-    is entry // H_Q of the row of :func:`_pack_tile_map` for BLOCK_M (16, 32, 64, 128: rows 0-3)
-    and head program_id(0) % H_Q (heads fastest, so the programs start in the map's order);
-    sequence -1 past the pack's last tile."""
-    row: tl.constexpr = (BLOCK_M >= 32) + (BLOCK_M >= 64) + (BLOCK_M >= 128)
+def _pack_tile(TileMap, map_len, BLOCK: tl.constexpr, HEADS):
+    """(sequence, tile within it, head) of this program of a pass over a pack: program_id(0) is
+    entry // HEADS of the row of :func:`_pack_tile_map` for tiles of BLOCK rows (16, 32, 64, 128:
+    rows 0-3) and head program_id(0) % HEADS (heads fastest, so the programs start in the map's
+    order); sequence -1 past the pack's last tile. The forward and dQ pass query tiles and query
+    heads, dK/dV key tiles and KV heads."""
+    row: tl.constexpr = (BLOCK >= 32) + (BLOCK >= 64) + (BLOCK >= 128)
     pid = tl.program_id(0)
-    entry = TileMap + row * 2 * map_len + pid // H_Q
-    return tl.load(entry), tl.load(entry + map_len), pid % H_Q
+    entry = TileMap + row * 2 * map_len + pid // HEADS
+    return tl.load(entry), tl.load(entry + map_len), pid % HEADS
 
 
 @triton.jit
@@ -993,8 +995,8 @@ def _attn_bwd_dkdv(
     qk_scale: tl.float64, sm_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
     seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, drop_scale: tl.float64,
-    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, TileMap, map_len, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -1004,17 +1006,24 @@ def _attn_bwd_dkdv(
     (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_fwd`'s (sinks do not
     enter: the lse they changed is the forward's). Grid: (cdiv(Nk, BLOCK_N), B*Hkv).
 
-    VARLEN: sequence off_b of a pack, as :func:`_attn_fwd` takes it (LSE2, DELTA (Hq, Tq));
-    grid (cdiv(max_seqlen_k, BLOCK_N), sequences*Hkv), tiles past the sequence's keys exit."""
-    start_n = tl.program_id(0) * BLOCK_N
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H_KV).to(tl.int64)
-    off_hkv = (off_bh % H_KV).to(tl.int64)
-    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
-    if VARLEN:
-        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
-        if start_n >= n_k:  # a key tile past the sequence's end
+    VARLEN: sequence off_b of a pack, as :func:`_attn_fwd` takes it (LSE2, DELTA (Hq, Tq)), and
+    the pack's key tiles in TileMap (:func:`_pack_tile_map` over cu_seqlens_k): grid ((cdiv(Tk,
+    BLOCK_N) + sequences) * Hkv,), program_id(0) a key tile and a KV head (:func:`_pack_tile`;
+    a sequence's first key tiles, which causal queries see most, first); programs past the last
+    tile exit."""
+    if VARLEN:  # program_id(0): the pack's key tile (its sequence and index in it) and the head
+        seq, tile, head = _pack_tile(TileMap, map_len, BLOCK_N, H_KV)
+        if seq < 0:
             return
+        off_b = seq.to(tl.int64)
+        off_hkv = head.to(tl.int64)
+        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+        start_n = tile * BLOCK_N
+    else:
+        start_n = tl.program_id(0) * BLOCK_N
+        off_b = (tl.program_id(1) // H_KV).to(tl.int64)
+        off_hkv = (tl.program_id(1) % H_KV).to(tl.int64)
+        n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's, above)
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
@@ -1171,32 +1180,39 @@ def _attn_bwd_dq(
     qk_scale: tl.float64, sm_scale: tl.float64,
     win_left, win_right, softcap2: tl.float64, Slopes, stride_ab, stride_ah,
     seed_lo: tl.int64, seed_hi: tl.int64, drop_threshold: tl.int64, drop_scale: tl.float64,
-    head_dim, head_dim_v, CuSeqQ, CuSeqK, EVEN_D: tl.constexpr, EVEN_DV: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    head_dim, head_dim_v, CuSeqQ, CuSeqK, TileMap, map_len, EVEN_D: tl.constexpr,
+    EVEN_DV: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     DROPOUT: tl.constexpr, VARLEN: tl.constexpr, ACC_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
     SEQ_CLASS: tl.constexpr, WIDE_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dQ of one query tile of one (batch, query head). WIDE_ROWS: 64-bit row offsets
     (:func:`_wide_tile_ptrs`); the variants' arguments as :func:`_attn_bwd_dkdv`'s.
-    Grid: (cdiv(Nq, BLOCK_M), B*Hq); VARLEN: as :func:`_attn_fwd`'s (LSE2, DELTA (Hq, Tq))."""
-    start_m = _query_tile_start(BLOCK_M, CAUSAL)
-    off_bh = tl.program_id(1)
-    off_b = (off_bh // H_Q).to(tl.int64)
-    off_h = (off_bh % H_Q).to(tl.int64)
-    off_hkv = off_h // GROUP
-    n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's)
-    if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
-        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
-        if start_m >= n_q:  # a query tile past the sequence's end
+    Grid: (cdiv(Nq, BLOCK_M), B*Hq); VARLEN: as :func:`_attn_fwd`'s (the grid, the tile map
+    over cu_seqlens_q; LSE2, DELTA (Hq, Tq))."""
+    if VARLEN:  # program_id(0): the pack's query tile (its sequence and index in it) and the head
+        seq, tile, head = _pack_tile(TileMap, map_len, BLOCK_M, H_Q)
+        if seq < 0:
             return
+        off_b = seq.to(tl.int64)
+        off_h = head.to(tl.int64)
+        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+        if CAUSAL:  # the tiles that see the most keys first, as _query_tile_start
+            tile = tl.cdiv(n_q, BLOCK_M) - 1 - tile
+        start_m = tile * BLOCK_M
+    else:
+        start_m = _query_tile_start(BLOCK_M, CAUSAL)
+        off_b = (tl.program_id(1) // H_Q).to(tl.int64)
+        off_h = (tl.program_id(1) % H_Q).to(tl.int64)
+        n_q, n_k = N_Q, N_K  # this slice's queries and keys (VARLEN: its sequence's, above)
+    off_hkv = off_h // GROUP
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     if VARLEN:  # LSE2, DELTA (Hq, Tq)
         rows = off_h * N_Q + q_start + offs_m
     else:
-        rows = off_bh.to(tl.int64) * N_Q + offs_m
+        rows = (off_b * H_Q + off_h) * N_Q + offs_m
     scale2 = tl.full([], qk_scale, ACC_DTYPE)
     cap2 = tl.full([], softcap2, ACC_DTYPE)
     slope2 = _head_slope2(Slopes, off_b, off_h, stride_ab, stride_ah, ALIBI, ACC_DTYPE)

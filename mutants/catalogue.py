@@ -940,6 +940,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "handled apart).",
         first=("test_varlen.py",),
     ),
+    Mutant(
+        "triton_varlen_key_map_from_queries",
+        TRITON,
+        '    tile_map = _tile_map(pack.cu_q if rows == "q" else pack.cu_k, pack.count, total)\n',
+        "    tile_map = _tile_map(pack.cu_q, pack.count, total)\n",
+        "varlen key tiles counted from the queries",
+        "The varlen backward's dK/dV tile map is built from cu_seqlens_q, not cu_seqlens_k: "
+        "right whenever every sequence has as many keys as queries (self-attention packs), "
+        "wrong otherwise: a sequence with more keys than queries gets no program for its last "
+        "key tiles (their dK, dV never written), the pack's key tiles past a shorter query "
+        "count are skipped. vllm-project/vllm-omni#3525 (cross-attention's cu_seqlens_k built "
+        "from the query length), Dao-AILab/flash-attention#1455 (the split-KV forward read "
+        "the batch's seqlen_k, not the sequence's, under varlen).",
+        first=("test_varlen.py",),
+    ),
     # ------------------------------------------------------- triton decode (kernels/triton_decode.py)
     Mutant(
         "triton_decode_v_with_k_scale",

@@ -1,7 +1,8 @@
 """Varlen (packed sequences) consistency: each sequence is its own problem.
 
 - varlen-sequence-alone: each sequence run alone through the kernel's dense entry point gives
-  the same rows as the packed run (the entry points agree with each other);
+  the same rows as the packed run, and (with a backward) the same dq, dk, dv rows for the same
+  rows of dO (the entry points agree with each other);
 - varlen-permutation: permuting the sequences in the pack permutes the outputs;
 - varlen-isolation: replacing every other sequence's tokens changes no row (and, with a backward,
   no gradient) of a sequence.
@@ -43,33 +44,60 @@ def _limits(p: Problem, refs: tuple[Outputs, Outputs], sq: slice) -> dict[str, f
 
 
 def test_varlen_sequence_alone(run, kernel, device, sizes):
-    """Sequence s of the pack equals the dense entry point on (q_s, k_s, v_s) as (1, H, N, D)."""
+    """Sequence s of the pack equals the dense entry point on (q_s, k_s, v_s) as (1, H, N, D):
+    o and lse, and with a backward dq, dk and dv for dO's rows of s (the sinks' gradient, a sum
+    over the pack, is not compared)."""
     _require_varlen(kernel)
     caps = kernel.capabilities
+    backward = caps.backward and "varlen" in caps.variant_backward
     prop = "varlen-sequence-alone"
 
     def check(kernel: Kernel, p: Problem) -> None:
-        inp = p.kernel_inputs()
-        packed = run_kernel(kernel, p, prop, inputs=inp)
-        refs = references_on(kernel, p)
-        q, k, v, cu_q, cu_k = inp.args[:5]
         alone_problems = _alone(p)
+        backward_here = backward and all(caps.backward_reason(a) is None
+                                         for a in (p, *alone_problems.values()))
+        inp = p.kernel_inputs(requires_grad=backward_here)
+        packed = run_kernel(kernel, p, prop, inputs=inp, backward=backward_here)
+        refs = references_on(kernel, p)
+        q, k, v, cu_q, cu_k = (t.detach() for t in inp.args[:5])
+        do = p.grad_output()
         for s, (sq, sk) in enumerate(sequence_slices(cu_q, cu_k)):
             if s not in alone_problems:
                 continue
             alone_p = alone_problems[s]
-            dense = tuple(t[sl].transpose(0, 1)[None] for t, sl in ((q, sq), (k, sk), (v, sk)))
+            dense = tuple(t[sl].transpose(0, 1)[None].detach().requires_grad_(backward_here)
+                          for t, sl in ((q, sq), (k, sk), (v, sk)))
             kw = sequence_kwargs(inp.kwargs, s)
             if p.alibi is not None and p.alibi[0] == "batch-head":  # its row, as (B=1, Hq)
                 kw["alibi_slopes"] = kw["alibi_slopes"].reshape(1, -1)
-            alone = run_kernel(kernel, alone_p, prop, inputs=KernelInputs(dense, kw, {}))
-            alone = Outputs(alone.o[0].transpose(0, 1), None if alone.lse is None else alone.lse[0])
+            grads = dict(zip("qkv", dense, strict=True)) if backward_here else {}
+            alone = run_kernel(kernel, alone_p, prop, inputs=KernelInputs(dense, kw, grads),
+                               backward=backward_here, grad_output=do[sq].transpose(0, 1)[None])
             what = f"sequence {s} (tokens q {sq.start}:{sq.stop}, k {sk.start}:{sk.stop}) run alone densely"
-            assert_agree(kernel, p, prop, what, _pairs(_rows(packed, sq), alone), _limits(p, refs, sq))
+            rows = Outputs(alone.o[0].transpose(0, 1), None if alone.lse is None else alone.lse[0])
+            assert_agree(kernel, p, prop, what, _pairs(_rows(packed, sq), rows), _limits(p, refs, sq))
+            if backward_here:
+                compared = [(name, getattr(packed, name)[sl], getattr(alone, name)[0].transpose(0, 1))
+                            for name, sl in (("dq", sq), ("dk", sk), ("dv", sk))]
+                assert_agree(kernel, p, prop, f"{what}: its gradients", compared,
+                             _gradient_limits(kernel, p, sq, sk))
 
-    strategy = variant_problems(caps, "varlen", device=device, sizes=sizes,
+    strategy = variant_problems(caps, "varlen", device=device, sizes=sizes, backward=backward,
                                 related=lambda p: _alone(p).values())
     run_property(run, kernel, prop, strategy, check, weight=0.5)
+
+
+def _gradient_limits(kernel: Kernel, p: Problem, sq: slice, sk: slice) -> dict[str, float]:
+    """Two runs' agreement limits on one sequence's gradient rows (dq[sq], dk[sk], dv[sk]): twice
+    the tolerance model's budget of each on the pack's golden, restricted to those rows."""
+    golden, yard = reference_for(kernel, p, backward=True)
+    logit = golden.conditioning.logit_size(golden.lse)
+    limits = {}
+    for name, sl in (("dq", sq), ("dk", sk), ("dv", sk)):
+        g, y = getattr(golden, name)[sl], getattr(yard, name)[sl].to(torch.float64)
+        err = float((y - g).abs().max()) if g.numel() else 0.0
+        limits[name] = 2 * budget(name, p.dtype, err, golden.bounds[name], logit)[0]
+    return limits
 
 
 def _alone(p: Problem) -> dict[int, Problem]:
@@ -164,15 +192,10 @@ def test_varlen_isolation(run, kernel, device, sizes):
         what = "every token outside sequence 0 replaced; sequence 0 compared"
         assert_agree(kernel, p, prop, what, _pairs(_rows(a, sq), _rows(b, sq)), _limits(p, refs, sq))
         if backward_here:
-            golden, yard = reference_for(kernel, p, backward=True)
-            compared, limits = [], {}
-            for name, sl in (("dq", sq), ("dk", sk), ("dv", sk)):
-                compared.append((name, getattr(a, name)[sl], getattr(b, name)[sl]))
-                g, y = getattr(golden, name)[sl], getattr(yard, name)[sl].to(torch.float64)
-                err = float((y - g).abs().max()) if g.numel() else 0.0
-                logit = golden.conditioning.logit_size(golden.lse)
-                limits[name] = 2 * budget(name, p.dtype, err, golden.bounds[name], logit)[0]
-            assert_agree(kernel, p, prop, f"{what}: gradients of sequence 0", compared, limits)
+            compared = [(name, getattr(a, name)[sl], getattr(b, name)[sl])
+                        for name, sl in (("dq", sq), ("dk", sk), ("dv", sk))]
+            assert_agree(kernel, p, prop, f"{what}: gradients of sequence 0", compared,
+                         _gradient_limits(kernel, p, sq, sk))
 
     strategy = variant_problems(caps, "varlen", device=device, sizes=sizes, backward=backward,
                                 where=lambda p: p.b >= 2 and p.seqlens[0][0] > 0)
