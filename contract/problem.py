@@ -9,6 +9,7 @@ Layouts (every one a legal input: the contract takes any strides):
     transposed   stored (B, N, H, D) and viewed as (B, H, N, D)
     sliced       a view into a larger NaN-filled buffer: NaN neighbours in every dimension
     strided      the head dim has stride 2, NaN in between
+``grad_layout`` places dO the same ways (``None``: contiguous), apart from q, k and v.
 
 Value distributions for q and k (v and dO are always standard normal):
     normal       N(0, 1)
@@ -147,6 +148,7 @@ class Problem:
     num_splits: int | None = None
     dropout: tuple[float, int] | None = None
     fp8: tuple[str, str, str] | None = None
+    grad_layout: str | None = None
 
     def replace(self, **changes) -> Problem:
         return replace(self, **changes)
@@ -220,25 +222,27 @@ class Problem:
         z = centre + spread * torch.randn(self.hq, generator=g, dtype=dtype)
         return z + side * self.logit_bounds().to(dtype) if side else z
 
-    def _place(self, t: torch.Tensor) -> torch.Tensor:
+    def _place(self, t: torch.Tensor, layout: str | None = None) -> torch.Tensor:
         """Put logical tensor ``t`` (B, H, N, D), or a packed (T, H, D), into memory per ``layout``
-        (``transposed`` swaps the storage order of the two dims before the last); same values."""
+        (default: the problem's; ``transposed`` swaps the storage order of the two dims before the
+        last); same values."""
+        layout = layout or self.layout
         t = t if fp8_format.is_fp8(t) else t.to(self.dtype)
         nan = float("nan")
-        if self.layout == "contiguous":
+        if layout == "contiguous":
             buf = torch.full((t.numel() + 2 * _POISON_PAD,), nan, dtype=t.dtype)
             view = buf[_POISON_PAD : _POISON_PAD + t.numel()].view(t.shape)
-        elif self.layout == "transposed":
+        elif layout == "transposed":
             view = torch.empty(t.transpose(-3, -2).shape, dtype=t.dtype).transpose(-3, -2)
-        elif self.layout == "sliced":
+        elif layout == "sliced":
             *outer, n, d = t.shape
             buf = torch.full((*(x + 1 for x in outer), n + 2, d + 3), nan, dtype=t.dtype)
             view = buf[(*(slice(1, None) for _ in outer), slice(1, n + 1), slice(2, d + 2))]
-        elif self.layout == "strided":
+        elif layout == "strided":
             buf = torch.full((*t.shape[:-1], 2 * t.shape[-1]), nan, dtype=t.dtype)
             view = buf[..., ::2]
         else:
-            raise ValueError(f"unknown layout {self.layout!r}")
+            raise ValueError(f"unknown layout {layout!r}")
         view.copy_(t)
         return _to_device(view, self.device)
 
@@ -361,11 +365,13 @@ class Problem:
         return out[0], out[1], out[2]
 
     def grad_output(self) -> torch.Tensor:
-        """The upstream gradient ``dO`` (contiguous), in the layout of the entry point's output."""
-        do = self.logical()[3].to(self.dtype)
+        """The upstream gradient ``dO``, shaped as the entry point's output (dense (B, Hq, Nq, Dv),
+        varlen (Tq, Hq, Dv)) and placed in memory per ``grad_layout`` (``None``: contiguous): a
+        model that stores its activations (B, N, H, D) hands the kernel a transposed dO."""
+        do = self.logical()[3]
         if self.seqlens is not None:
-            do = do[0].transpose(0, 1).contiguous()
-        return do.to(self.device)
+            do = do[0].transpose(0, 1)
+        return self._place(do, self.grad_layout or "contiguous")
 
     def cu_seqlens(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Varlen ``cu_seqlens_q, cu_seqlens_k`` (int32, B + 1, on the problem's device)."""

@@ -258,6 +258,10 @@ def candidate_problems(
     use_scale = (caps.custom_scale and draw(st.booleans())) if explicit_scale is None else explicit_scale
     scale = draw(st.sampled_from([0.03125, 0.125, 0.5, 1.0, 2.0])) if use_scale else None
     layout = draw(st.sampled_from(layouts if caps.any_strides else ("contiguous",)))
+    # dO's own layout, half the time contiguous (shrinks to it): backward properties hand it over
+    strided = tuple(x for x in layouts if x != "contiguous") if caps.any_strides else ()
+    grad_layouts = (None, None, None, *strided) if strided else (None,)
+    grad_layout = draw(st.sampled_from(grad_layouts))
     # A declared tile or none at all: the default path (autotuned on a GPU) is what users call.
     def tile(declared: tuple[int, ...]) -> int | None:
         if not declared or default_tiles:
@@ -282,6 +286,7 @@ def candidate_problems(
         block_m=block_m,
         block_n=block_n,
         device=device,
+        grad_layout=grad_layout,
     )
     if b * p.hq * nq * nk * max(d, dv) > sizes.max_work:
         p = (

@@ -53,7 +53,7 @@ def test_varlen_sequence_alone(run, kernel, device, sizes):
     prop = "varlen-sequence-alone"
 
     def check(kernel: Kernel, p: Problem) -> None:
-        alone_problems = _alone(p)
+        alone_problems = _alone(p, caps.any_strides)
         backward_here = backward and all(caps.backward_reason(a) is None
                                          for a in (p, *alone_problems.values()))
         inp = p.kernel_inputs(requires_grad=backward_here)
@@ -65,14 +65,15 @@ def test_varlen_sequence_alone(run, kernel, device, sizes):
             if s not in alone_problems:
                 continue
             alone_p = alone_problems[s]
-            dense = tuple(t[sl].transpose(0, 1)[None].detach().requires_grad_(backward_here)
-                          for t, sl in ((q, sq), (k, sk), (v, sk)))
+            dense = tuple(_as_given(t[sl].transpose(0, 1)[None], caps.any_strides)
+                          .requires_grad_(backward_here) for t, sl in ((q, sq), (k, sk), (v, sk)))
             kw = sequence_kwargs(inp.kwargs, s)
             if p.alibi is not None and p.alibi[0] == "batch-head":  # its row, as (B=1, Hq)
                 kw["alibi_slopes"] = kw["alibi_slopes"].reshape(1, -1)
             grads = dict(zip("qkv", dense, strict=True)) if backward_here else {}
             alone = run_kernel(kernel, alone_p, prop, inputs=KernelInputs(dense, kw, grads),
-                               backward=backward_here, grad_output=do[sq].transpose(0, 1)[None])
+                               backward=backward_here,
+                               grad_output=_as_given(do[sq].transpose(0, 1)[None], caps.any_strides))
             what = f"sequence {s} (tokens q {sq.start}:{sq.stop}, k {sk.start}:{sk.stop}) run alone densely"
             rows = Outputs(alone.o[0].transpose(0, 1), None if alone.lse is None else alone.lse[0])
             assert_agree(kernel, p, prop, what, _pairs(_rows(packed, sq), rows), _limits(p, refs, sq))
@@ -83,7 +84,7 @@ def test_varlen_sequence_alone(run, kernel, device, sizes):
                              _gradient_limits(kernel, p, sq, sk))
 
     strategy = variant_problems(caps, "varlen", device=device, sizes=sizes, backward=backward,
-                                related=lambda p: _alone(p).values())
+                                related=lambda p: _alone(p, caps.any_strides).values())
     run_property(run, kernel, prop, strategy, check, weight=0.5)
 
 
@@ -100,9 +101,27 @@ def _gradient_limits(kernel: Kernel, p: Problem, sq: slice, sk: slice) -> dict[s
     return limits
 
 
-def _alone(p: Problem) -> dict[int, Problem]:
-    """Per sequence s of the pack with queries and keys: s alone as a dense problem (B = 1)."""
-    return {s: p.replace(b=1, nq=nq, nk=nk, seqlens=None)
+def _as_given(view: torch.Tensor, views: bool) -> torch.Tensor:
+    """A sequence's rows of a packed tensor as the dense run takes them: the view itself (a
+    kernel that declares any strides), else a contiguous copy."""
+    return view.detach() if views else view.detach().contiguous()
+
+
+#: The layout of a packed (T, H, D) tensor's rows of one sequence viewed as (1, H, N, D): the
+#: token-major pack is a transposed dense tensor and the reverse; sliced and strided stay so.
+_ALONE_LAYOUT = {"contiguous": "transposed", "transposed": "contiguous"}
+
+
+def _alone(p: Problem, views: bool = True) -> dict[int, Problem]:
+    """Per sequence s of the pack with queries and keys: s alone as a dense problem (B = 1), in
+    the layouts its run passes: ``views`` of the packed q, k, v and dO (a kernel that declares any
+    strides), else contiguous copies."""
+    layout, grad = "contiguous", None
+    if views:
+        layout = _ALONE_LAYOUT.get(p.layout, p.layout)
+        grad = _ALONE_LAYOUT.get(p.grad_layout or "contiguous", p.grad_layout)
+    return {s: p.replace(b=1, nq=nq, nk=nk, seqlens=None, layout=layout,
+                         grad_layout=None if grad == "contiguous" else grad)
             for s, (nq, nk) in enumerate(p.seqlens) if nq and nk}
 
 
