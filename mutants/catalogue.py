@@ -955,6 +955,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "the batch's seqlen_k, not the sequence's, under varlen).",
         first=("test_varlen.py",),
     ),
+    Mutant(
+        "triton_grad_output_strides_of_o",
+        TRITON,
+        "    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())\n",
+        "    strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride())\n",
+        "dO read with o's strides",
+        "The dK/dV and dQ passes address dO with the strides of o (the kernel's own contiguous "
+        "output), as if the upstream gradient always had them: right for a contiguous dO, wrong "
+        "for a transposed or strided one, which a model storing (B, N, H, D) activations hands "
+        "over. PyTorch's cuDNN path assumed dO's strides were o's until cuDNN 9.5.1 "
+        "(pytorch/pytorch#141147), and flash-attention's backward was wrong for a non-contiguous "
+        "dO (Dao-AILab/flash-attention#355). Before ``Problem.grad_layout`` only spread-batch "
+        "(its own strided dO) caught it, after 144 s; now backward does in about 22 s.",
+        first=("test_golden.py",),
+    ),
     # ------------------------------------------------------- triton decode (kernels/triton_decode.py)
     Mutant(
         "triton_decode_v_with_k_scale",
