@@ -51,3 +51,34 @@ def test_the_bias_is_rounded_once_and_only_for_backends_that_need_it(dtype):
     assert narrow.dtype == dtype and torch.equal(narrow, bias.to(dtype))
     visible = bias > -20
     assert sdpa._for_backend(sdpa._Call(q, q, q, visible), SDPBackend.CUDNN_ATTENTION).attn_mask is visible
+
+
+#: Session 39's cuDNN finding, shrunk (docs/findings.md): the pack, whose SDPA call gets a
+#: contiguous dO, had the float64 gradients; its one sequence run densely, with a transposed dO,
+#: did not.
+CUDNN_PACK = Problem(b=1, hq=2, hkv=1, nq=15, nk=15, d=8, dv=8, dtype=torch.float16, device="cpu",
+                     window=(-1, 0), seqlens=((15, 15),))
+
+
+def test_the_cudnn_strided_grad_limit_covers_the_dense_run_and_not_the_pack():
+    """The limit names the dense run varlen-sequence-alone made (the pack's rows: transposed q,
+    k, v and dO) and leaves the pack, the contiguous-dO form and the MHA form declared."""
+    limit = sdpa.CUDNN_STRIDED_GRAD_OUTPUT
+    alone = CUDNN_PACK.replace(seqlens=None, layout="transposed", grad_layout="transposed")
+    assert limit.applies(alone) and not limit.raises
+    assert not limit.applies(CUDNN_PACK)
+    assert not limit.applies(alone.replace(grad_layout=None))
+    assert not limit.applies(alone.replace(hq=1))
+    assert not limit.applies(alone.replace(window=None))
+
+
+def test_the_truth_of_the_cudnn_finding():
+    """What the finding says of the truth, from the same drawn tensors on the CPU: SDPA math gives
+    the pack's gradients (dq[3, 1, 1] = -1.1074, dk[0, 0, 3] = 1.4160, dv[1, 0, 5] = 1.6816)
+    whatever dO's layout."""
+    kernel = load_kernel("sdpa-math")
+    for grad_layout in (None, "transposed"):
+        p = CUDNN_PACK.replace(grad_layout=grad_layout)
+        out = run_kernel(kernel, p, "varlen-sequence-alone", backward=True)
+        got = (float(out.dq[3, 1, 1]), float(out.dk[0, 0, 3]), float(out.dv[1, 0, 5]))
+        assert got == pytest.approx((-1.1074, 1.4160, 1.6816), abs=1e-3)
