@@ -194,8 +194,8 @@ class Capabilities:
             return "explicit scale not declared"
         if p.layout != "contiguous" and not self.any_strides:
             return f"layout {p.layout} not declared"
-        if p.grad_layout not in (None, "contiguous") and not self.any_strides:
-            return f"dO in layout {p.grad_layout} not declared"
+        if p.do_layout != "contiguous" and not self.any_strides:
+            return f"dO in layout {p.do_layout} not declared"
         if self.max_seqlen is not None and max(p.nq, p.nk) > self.max_seqlen:
             return f"sequence length {max(p.nq, p.nk)} > max_seqlen {self.max_seqlen}"
         if self.max_elements is not None and largest_tensor(p) > self.max_elements:

@@ -166,6 +166,11 @@ class Problem:
         return tuple(v.name for v in TABLE if v.used(self))
 
     @property
+    def do_layout(self) -> str:
+        """dO's layout: ``grad_layout``, contiguous when that is None."""
+        return self.grad_layout or "contiguous"
+
+    @property
     def effective_scale(self) -> float:
         return 1.0 / math.sqrt(self.d) if self.scale is None else self.scale
 
@@ -371,7 +376,7 @@ class Problem:
         do = self.logical()[3]
         if self.seqlens is not None:
             do = do[0].transpose(0, 1)
-        return self._place(do, self.grad_layout or "contiguous")
+        return self._place(do, self.do_layout)
 
     def cu_seqlens(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Varlen ``cu_seqlens_q, cu_seqlens_k`` (int32, B + 1, on the problem's device)."""

@@ -258,7 +258,8 @@ def candidate_problems(
     use_scale = (caps.custom_scale and draw(st.booleans())) if explicit_scale is None else explicit_scale
     scale = draw(st.sampled_from([0.03125, 0.125, 0.5, 1.0, 2.0])) if use_scale else None
     layout = draw(st.sampled_from(layouts if caps.any_strides else ("contiguous",)))
-    # dO's own layout, half the time contiguous (shrinks to it): backward properties hand it over
+    # dO's own layout, shrinking to contiguous (None: half the draws where every layout is
+    # allowed): the backward properties hand it over
     strided = tuple(x for x in layouts if x != "contiguous") if caps.any_strides else ()
     grad_layouts = (None, None, None, *strided) if strided else (None,)
     grad_layout = draw(st.sampled_from(grad_layouts))

@@ -461,10 +461,15 @@ EFFICIENT_MISALIGNED_VIEWS = _misaligned_views(
     "efficient", "raises RuntimeError('cutlassF: no kernel found to launch!')"
 )
 
+def _through_mask(p) -> bool:
+    """Whether the adapters run ``p`` through an explicit mask (window, ALiBi, varlen, decode)."""
+    return p.window is not None or p.alibi is not None or p.seqlens is not None or p.cache is not None
+
+
 def _masked_empty_row(p) -> bool:
-    """Whether ``p`` goes through an explicit mask (window, ALiBi, varlen, decode) and has a query
-    row that sees no key under the adapters' top-left alignment (a whole row of the mask False)."""
-    if p.window is None and p.alibi is None and p.seqlens is None and p.cache is None:
+    """Whether ``p`` goes through an explicit mask and has a query row that sees no key under the
+    adapters' top-left alignment (a whole row of the mask False)."""
+    if not _through_mask(p):
         return False
     if p.seqlens is not None:
         pairs = p.seqlens
@@ -496,11 +501,12 @@ CUDNN_MASKED_EMPTY_ROWS = Limit(
     applies=_masked_empty_row,
     raises=False,
 )
+
+
 def _masked_gqa_strided_grad(p) -> bool:
-    """Whether ``p`` goes through an explicit mask (window, ALiBi, varlen), is GQA (Hq > Hkv) and
-    hands the backward a dO that is not contiguous (``grad_layout``)."""
-    masked = p.window is not None or p.alibi is not None or p.seqlens is not None
-    return masked and p.cache is None and p.hq != p.hkv and p.grad_layout not in (None, "contiguous")
+    """Whether ``p`` has a backward (not decode) through an explicit mask, is GQA (Hq > Hkv) and
+    hands the backward a dO that is not contiguous (``Problem.do_layout``)."""
+    return _through_mask(p) and p.cache is None and p.hq != p.hkv and p.do_layout != "contiguous"
 
 
 #: A finding of flashprop's varlen-sequence-alone property on the H200 (torch 2.11.0+cu130,

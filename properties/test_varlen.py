@@ -119,7 +119,7 @@ def _alone(p: Problem, views: bool = True) -> dict[int, Problem]:
     layout, grad = "contiguous", None
     if views:
         layout = _ALONE_LAYOUT.get(p.layout, p.layout)
-        grad = _ALONE_LAYOUT.get(p.grad_layout or "contiguous", p.grad_layout)
+        grad = _ALONE_LAYOUT.get(p.do_layout, p.do_layout)
     return {s: p.replace(b=1, nq=nq, nk=nk, seqlens=None, layout=layout,
                          grad_layout=None if grad == "contiguous" else grad)
             for s, (nq, nk) in enumerate(p.seqlens) if nq and nk}
