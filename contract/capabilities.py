@@ -82,11 +82,21 @@ class Limit:
     ``raises=True`` (the default) means the kernel refuses such problems with a clear error, and
     the error-contract property checks that it does. ``raises=False`` records a known wrong or
     unverifiable answer (with the evidence in ``reason``); the suite then only skips it.
+    ``backward=True``: a limit of the gradients alone (dO's layout, say): the forward properties
+    still draw such problems, the backward ones do not (:meth:`Capabilities.backward_reason`);
+    such a limit is a known wrong answer or crash (``raises=False``), since no property asks a
+    backward for a clear error.
     """
 
     reason: str
     applies: Callable[[Problem], bool]
     raises: bool = True
+    backward: bool = False
+
+    def __post_init__(self) -> None:
+        if self.backward and self.raises:
+            raise ValueError(f"a backward limit must have raises=False (no property checks a backward's "
+                             f"refusal): {self.reason}")
 
 
 @dataclass(frozen=True)
@@ -209,7 +219,7 @@ class Capabilities:
             return reason
         if include_limits:
             for limit in self.limits:
-                if limit.applies(p):
+                if not limit.backward and limit.applies(p):
                     return f"known limit: {limit.reason}"
         return None
 
@@ -230,7 +240,14 @@ class Capabilities:
         if p.fp8 is not None:
             return "FP8 inputs are forward only (the contract has no FP8 gradient)"
         missing = sorted(set(p.variants) - self.variant_backward)
-        return f"backward of {', '.join(missing)} not declared" if missing else None
+        if missing:
+            return f"backward of {', '.join(missing)} not declared"
+        limit = self.backward_limit(p)
+        return None if limit is None else f"known limit of the backward: {limit.reason}"
+
+    def backward_limit(self, p: Problem) -> Limit | None:
+        """The limit of the backward (``Limit.backward``) that rules out ``p``'s gradients, if any."""
+        return next((lim for lim in self.limits if lim.backward and lim.applies(p)), None)
 
     def declares_variant(self, name: str) -> bool:
         """Whether the kernel declares variant ``name`` (a name of ``contract.variants.TABLE``)."""
@@ -239,10 +256,11 @@ class Capabilities:
     def must_raise(self, p: Problem) -> bool:
         """Whether the error contract demands a clear error for ``p`` (undeclared, not a
         ``raises=False`` limit). Problems only outside ``raises=False`` limits are not tested."""
+        forward = [lim for lim in self.limits if not lim.backward]
         if self.unsupported_reason(p, include_limits=False) is not None:
-            return not any(lim.applies(p) and not lim.raises for lim in self.limits)
-        return any(lim.raises and lim.applies(p) for lim in self.limits) and not any(
-            lim.applies(p) and not lim.raises for lim in self.limits
+            return not any(lim.applies(p) and not lim.raises for lim in forward)
+        return any(lim.raises and lim.applies(p) for lim in forward) and not any(
+            lim.applies(p) and not lim.raises for lim in forward
         )
 
 

@@ -318,7 +318,7 @@ def collect_node(campaign: Campaign, tallies: Tallies, node, error) -> None:
         last = json.loads(current.read_text())
         why = str(error).strip().splitlines()[-1] if error else ""
         died = f"the worker {worker} running it died ({why}); xdist replaced it and the campaign went on"
-        raised = f"the kernel raised {last['cause']}" if "cause" in last else None
+        raised = last.get("cause")
         found = Failure(last["kernel"], last["property"], last["problem"], (died,) if raised else (),
                         error=raised or died, replay=last["replay"])
         tallies.record(last["kernel"], last["property"], "failed", 0.0, found)

@@ -97,7 +97,8 @@ class KernelRefused(Exception):
 
 
 class ContextBroken(BaseException):
-    """The kernel broke the CUDA context (``failure``: the record of the problem that did it).
+    """The CUDA context is lost (``failure``: the record of the problem where it showed; ``cause``:
+    the one-line sentence a dead worker's report gives, e.g. "the kernel raised ...").
     :func:`run_property` notes it in the run's :attr:`RunContext.broken` and fails the test; a
     BaseException, so that no property's own ``except Exception`` takes it for the kernel's
     error."""
@@ -122,6 +123,25 @@ _CUDA_FATAL = (
     "illegal instruction",
     "CUDA error: an illegal",
 )
+
+
+def _fatal(err: BaseException) -> bool:
+    """Whether ``err`` says that the CUDA context is lost (:data:`_CUDA_FATAL`)."""
+    return any(s in str(err) for s in _CUDA_FATAL)
+
+
+def _fault_after(problem: Problem) -> str | None:
+    """The fault a failed call left on the GPU, surfaced by synchronizing (``None``: none, or a CPU
+    problem). A call that raises may have launched work that faults later (cuDNN's backward on a
+    misaligned dO raised RuntimeError, then a misaligned address ended the context): without this,
+    the fault surfaces in the next call, which may be another kernel's."""
+    if not problem.device.startswith("cuda") or not torch.cuda.is_initialized():
+        return None
+    try:
+        torch.cuda.synchronize()
+    except Exception as fault:
+        return f"{type(fault).__name__}: {fault}" if _fatal(fault) else None
+    return None
 
 
 def failure(
@@ -260,10 +280,12 @@ def run_kernel(
         ) from err
     except Exception as err:
         text = f"{type(err).__name__}: {err}"
-        message = failure(kernel, problem, prop, [], error=f"the kernel raised {text}", backward=backward,
+        fault = None if _fatal(err) else _fault_after(problem)
+        said = text if fault is None else f"{text}\nand synchronizing after it raised {fault}"
+        message = failure(kernel, problem, prop, [], error=f"the kernel raised {said}", backward=backward,
                           malformed=bad)
-        if any(s in str(err) for s in _CUDA_FATAL):
-            raise ContextBroken(message, text.splitlines()[0]) from err
+        if _fatal(err) or fault is not None:
+            raise ContextBroken(message, f"the kernel raised {(fault or text).splitlines()[0]}") from err
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         lost = "declares returns_lse but returned only o"
@@ -559,6 +581,11 @@ def run_property(
         except (PropertyFailure, ContextBroken, UnsatisfiedAssumption, pytest.skip.Exception):
             raise
         except BaseException as err:
+            if _fatal(err):  # outside the kernel's call (inputs, golden): the context is lost all the same
+                text = f"{type(err).__name__}: {err}"
+                lost = (f"the CUDA context was lost outside the kernel's call ({text.splitlines()[0]}): a "
+                        "fault an earlier call in this process left behind surfaced here")
+                raise ContextBroken(failure(kernel, problem, prop, [], error=lost), lost) from err
             errors.append(err)
             raise
 

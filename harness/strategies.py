@@ -120,11 +120,16 @@ def declared(
 
 
 def _first_reason(caps: Capabilities, p: Problem, related: Iterable[Problem], backward: bool) -> str | None:
-    for q in (p, *related):
+    """The first reason ``p`` or one of ``related`` is not declared; with ``backward``, their
+    gradients too (a backward property takes the gradients of every problem it runs)."""
+    runs = (p, *related)
+    for q in runs:
         reason = caps.unsupported_reason(q)
         if reason is not None:
             return reason
-    return caps.backward_reason(p) if backward else None
+    if not backward:
+        return None
+    return next((why for q in runs if (why := caps.backward_reason(q)) is not None), None)
 
 
 def device_sizes(device: str, max_n: int | None = None) -> Sizes:
@@ -332,6 +337,7 @@ def problems(
     derive: Derive | None = None,
     where: Where | None = None,
     related: Related | None = None,
+    backward: bool = False,
     **axes: Any,
 ) -> Problem:
     """A problem the kernel declares; ``axes`` pin or bound what is drawn, as for
@@ -342,9 +348,10 @@ def problems(
     property's own condition on that problem, checked before the declaration; ``related``: the
     problems the property derives from it and runs too, which must be declared as well. A
     property whose draws all meet ``where`` and fail the declaration is skipped, naming the
-    declaration (:meth:`Declarations.nothing_declared`)."""
+    declaration (:meth:`Declarations.nothing_declared`). ``backward``: the property takes the
+    gradients, which must be declared too (:meth:`Capabilities.backward_reason`)."""
     p = draw(candidate_problems(caps, **axes))
-    return checked(caps, p, derive=derive, where=where, related=related)
+    return checked(caps, p, derive=derive, where=where, related=related, backward=backward)
 
 
 AXES = ("dtype", "head_dim", "causal", "unequal", "gqa", "scale", "layout", "seqlen", "block_m", "block_n")

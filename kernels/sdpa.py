@@ -517,11 +517,44 @@ def _masked_gqa_strided_grad(p) -> bool:
 #: dq[3, 1, 1] = 1.4111, dk and dv as far off, o right. The declared trigger (a mask, GQA and a
 #: dO that is not contiguous) is what that problem has and what its two runs differ in; it is not
 #: yet isolated on the GPU (the shrinker kept the window and Hq = 2 > Hkv = 1).
+#: Session 40's probe on an H100 (same torch) ran SDPA's cuDNN backward directly (fp16, one
+#: batch element, ``enable_gqa=True``, N = 15 and 64, D = 8 and 64, GQA and MHA, masked or not):
+#: a dO stored head-major (B, H, N, D contiguous) gave gradients O(1) off in every case, a dO
+#: stored sequence-major (a (B, N, H, D) buffer seen as (B, H, N, D)) the float64 ones, whatever
+#: q, k, v's and o's strides. That does not square with this limit's earlier evidence (the backward
+#: properties passed contiguous-dO problems with GQA and masks on the H200), so the limit stays as
+#: declared until a probe through the adapter itself isolates it (docs/findings.md).
 CUDNN_STRIDED_GRAD_OUTPUT = Limit(
     reason="SDPA cuDNN: with an attn_mask and GQA, a dO that is not contiguous (a transposed "
     "(B, N, H, D) view) gave wrong dq, dk, dv (O(1) off, the forward right; torch 2.11, H200)",
     applies=_masked_gqa_strided_grad,
     raises=False,
+    backward=True,
+)
+
+
+def _sliced_grad_output(p) -> bool:
+    """Whether ``p`` hands a backward (not decode) a dO in the sliced layout: rows Dv + 3 elements
+    apart, its first element generally off a 16-byte boundary (``Problem._place``)."""
+    return p.cache is None and p.do_layout == "sliced"
+
+
+#: A finding of flashprop's backward properties on an H100 (torch 2.11.0+cu130, session 40):
+#: Problem(b=2, hq=3, hkv=3, nq=285, nk=13, d=128, dv=72, dtype='bfloat16', grad_layout='sliced')
+#: raised "RuntimeError: Expected mha_graph.execute(...).is_good() to be true" in the backward,
+#: and varlen-sequence-alone's dense run of Problem(b=1, hq=2, hkv=2, nq=300, nk=192, d=216,
+#: dv=120, dtype='bfloat16', layout='transposed', alibi=('head', 1.0), seqlens=((300, 192),),
+#: grad_layout='sliced') faulted with "CUDA error: misaligned address", which ends the process's
+#: CUDA context (the next calls of other kernels in that worker failed with it). Torch checks only
+#: dO's innermost stride before cuDNN (pytorch#141147), not its other strides' or its address's
+#: 16-byte alignment; neither error is a clear one (ValueError, TypeError, NotImplementedError).
+CUDNN_MISALIGNED_GRAD_OUTPUT = Limit(
+    reason="SDPA cuDNN backward: a dO whose rows are not 16-byte aligned (the sliced layout, rows "
+    "Dv + 3 apart) fails in cuDNN (RuntimeError from mha_graph.execute) or faults with a misaligned "
+    "address that ends the CUDA context (torch 2.11, H100)",
+    applies=_sliced_grad_output,
+    raises=False,
+    backward=True,
 )
 #: A finding of flashprop's variant properties on the H200 (torch 2.11.0+cu130), explained in
 #: session 30: Problem(b=6, hq=2, hkv=2, nq=17, nk=259, d=24, dv=256, dtype='bfloat16',
@@ -614,6 +647,7 @@ sdpa_cudnn = _make(
             CUDNN_MISALIGNED_VIEWS,
             CUDNN_MASKED_EMPTY_ROWS,
             CUDNN_STRIDED_GRAD_OUTPUT,
+            CUDNN_MISALIGNED_GRAD_OUTPUT,
             _dispatcher_limit(SDPBackend.CUDNN_ATTENTION, "cuDNN", "can_use_cudnn_attention", _MASKED_CALLS),
         ),
         **_MASKED_WITH_DROPOUT,

@@ -72,6 +72,30 @@ def test_the_cudnn_strided_grad_limit_covers_the_dense_run_and_not_the_pack():
     assert not limit.applies(alone.replace(window=None))
 
 
+#: Session 40's findings on an H100, each with its dO sliced: RuntimeError from cuDNN's graph
+#: execute, and a misaligned-address fault in varlen-sequence-alone's dense run.
+CUDNN_SLICED_DO = (
+    Problem(b=2, hq=3, hkv=3, nq=285, nk=13, d=128, dv=72, dtype=torch.bfloat16, device="cpu",
+            grad_layout="sliced"),
+    Problem(b=1, hq=2, hkv=2, nq=300, nk=192, d=216, dv=120, dtype=torch.bfloat16, device="cpu",
+            layout="transposed", alibi=("head", 1.0), grad_layout="sliced"),
+)
+
+
+def test_the_cudnn_sliced_grad_limit_rules_out_the_gradients_alone():
+    """Both findings' problems have their gradients ruled out and stay declared for the forward;
+    dO in the other layouts is still drawn; both cuDNN dO limits are limits of the backward."""
+    caps = sdpa.sdpa_cudnn.capabilities
+    limit = sdpa.CUDNN_MISALIGNED_GRAD_OUTPUT
+    assert limit.backward and sdpa.CUDNN_STRIDED_GRAD_OUTPUT.backward and not limit.raises
+    for p in CUDNN_SLICED_DO:
+        assert caps.backward_limit(p) is limit
+        assert caps.unsupported_reason(p.replace(device="cuda"), include_limits=False) is None
+        assert not any(lim.applies(p) for lim in caps.limits[:2])  # the forward's own limits
+        for other in (None, "transposed", "strided"):
+            assert not limit.applies(p.replace(grad_layout=other))
+
+
 def test_the_truth_of_the_cudnn_finding():
     """What the finding says of the truth, from the same drawn tensors on the CPU: SDPA math gives
     the pack's gradients (dq[3, 1, 1] = -1.1074, dk[0, 0, 3] = 1.4160, dv[1, 0, 5] = 1.6816)

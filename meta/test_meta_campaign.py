@@ -3,7 +3,8 @@
 - two workers' tallies merge into the one summary table;
 - a kernel that kills its process on one problem (as a lost CUDA context or a segfault does)
   costs one worker, which xdist replaces: the problem is reported as that property's failure with
-  its replay command, and every other property's tally is complete;
+  its replay command, and every other property's tally is complete; so does a fault a failed call
+  leaves behind, which surfaces outside the kernel's call;
 - two runs sharing a Redis example database (a real ``redis-server``, started and stopped here):
   the failure the first run found is the second run's first example;
 - ``--shards``: the shards of a property draw from consecutive seeds, different problems, and
@@ -57,6 +58,25 @@ CONTEXT_BREAKER = textwrap.dedent('''
         """ref-blocked, except that Nq > 4 with Nk > 4 raises what a lost CUDA context raises."""
         if q.shape[2] > 4 and k.shape[2] > 4:
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return blocked(q, k, v, causal=causal, scale=scale)
+''')
+
+FAULT_LEFT_BEHIND = textwrap.dedent('''
+    from flashprop.contract.problem import Problem
+    from flashprop.refimpl.blocked import attention as blocked
+
+
+    def _lost(*args, **kwargs):
+        raise RuntimeError("CUDA error: misaligned address")
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        """ref-blocked, except that Nq > 4 with Nk > 4 raises a plain RuntimeError and leaves a fault
+        behind, as cuDNN's backward on a misaligned dO did: from then on, making a problem's inputs
+        in this process raises what a lost CUDA context raises."""
+        if q.shape[2] > 4 and k.shape[2] > 4:
+            Problem.kernel_inputs = _lost
+            raise RuntimeError("Expected mha_graph.execute(handle, variant_pack, workspace) to be true")
         return blocked(q, k, v, causal=causal, scale=scale)
 ''')
 
@@ -143,6 +163,26 @@ def test_a_dead_worker_is_replaced_and_its_problem_reported(tmp_path: Path, sour
     other = next(prop for prop in ("forward", "single-token") if prop != dead[0])
     full = {"forward": "20", "single-token": "10"}[other]  # the ci profile's 20, times the weight
     assert rows[other][:2] == [full, full], table  # the other property ran and passed all its examples
+
+
+def test_a_fault_left_behind_ends_the_worker_and_spares_the_next_test(tmp_path: Path):
+    """A call that raises a plain error and leaves a fault behind: the fault surfaces outside the
+    kernel's call (the next inputs made). The worker ends itself there, reporting the lost context,
+    and the next test, on the fresh worker xdist starts, passes all its examples instead of failing
+    on the lost context (one worker, so both tests would otherwise share it)."""
+    kernel = tmp_path / "fault.py"
+    kernel.write_text(FAULT_LEFT_BEHIND)
+    run = _pytest("properties/test_golden.py::test_forward_matches_golden",
+                  "properties/test_robustness.py::test_single_token", "--kernel", f"{kernel}:attn",
+                  "--hypothesis-profile", "ci", "-n", "1", "--max-worker-restart", "2")
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out
+    table = run.stdout[run.stdout.index("examples per property"):]
+    assert "lost outside the kernel's call (RuntimeError: CUDA error: misaligned address)" in table, table
+    assert "died" in table, table
+    rows = {line.split()[1]: line.split()[2:] for line in table.splitlines() if line.startswith(str(kernel))}
+    assert rows["forward"][3] != "0", table
+    assert rows["single-token"][:2] == ["10", "10"] and rows["single-token"][3] == "0", table
 
 
 @pytest.fixture

@@ -54,6 +54,10 @@ NOT_RUN = {
 #: One problem in three is ruled out, by a hash of its description.
 HASHED = Limit("meta: one problem in three, by a hash of its description",
                lambda p: zlib.crc32(p.describe().encode()) % 3 == 0)
+#: The gradients of another third (a limit of the backward: dO's layout, say).
+HASHED_BACKWARD = Limit("meta: the gradients of one problem in three, by another hash",
+                        lambda p: zlib.crc32(b"dO" + p.describe().encode()) % 3 == 0,
+                        raises=False, backward=True)
 
 
 def _property_tests() -> list[tuple[str, str, dict]]:
@@ -72,7 +76,7 @@ def _property_tests() -> list[tuple[str, str, dict]]:
                 if mark.name == "parametrize":
                     cases = [{**case, mark.args[0]: value} for case in cases for value in mark.args[1]]
             params = set(inspect.signature(fn).parameters)
-            if "kernel" in params and params <= {"kernel", "device", "sizes", *cases[0]}:
+            if "kernel" in params and params <= {"run", "kernel", "device", "sizes", *cases[0]}:
                 found += [(path.stem, name, case) for case in cases]
     return found
 
@@ -131,6 +135,8 @@ class Recorder:
         if declared:
             self.calls += 1
             why = self.caps.unsupported_reason(problem) or mismatch(problem, inputs)
+            if why is None and kw.get("backward"):
+                why = self.caps.backward_reason(problem)
             if why is not None:
                 self.wrong.append(f"{prop}: {problem.describe()}: {why}")
         return harness_check.run_kernel(kernel, problem, prop, inputs=inputs, declared=declared, **kw)
@@ -160,9 +166,10 @@ def _run(kernel: Kernel, test: Callable, case: dict | None = None) -> str:
                          ids=lambda x: "-".join(map(str, x.values())) if isinstance(x, dict) else x)
 def test_every_problem_a_property_runs_is_declared(module: str, name: str, case: dict,
                                                    monkeypatch: pytest.MonkeyPatch):
-    """Under a limit that rules out a third of all problems, no property hands run_kernel a
-    problem the kernel does not declare, or tensors that are not the problem's."""
-    caps = dataclasses.replace(blocked.attention.capabilities, limits=(HASHED,))
+    """Under a limit that rules out a third of all problems, and a backward limit another third of
+    their gradients, no property hands run_kernel a problem the kernel does not declare (or whose
+    gradients it does not, when it takes them), or tensors that are not the problem's."""
+    caps = dataclasses.replace(blocked.attention.capabilities, limits=(HASHED, HASHED_BACKWARD))
     kernel = Kernel(name="meta-hashed-limit", fn=blocked.attention, capabilities=caps)
     mod = importlib.import_module(f"flashprop.properties.{module}")
     with recording(caps, [mod], monkeypatch) as recorder:
@@ -192,15 +199,40 @@ def _mislabelling_property(run: RunContext, kernel: Kernel, device: str, sizes: 
     run_property(run, kernel, "meta-mislabel", strategy, check)
 
 
-@pytest.mark.parametrize("prop", [_bypassing_property, _mislabelling_property], ids=["bypass", "mislabel"])
+def _gradient_bypassing_property(run: RunContext, kernel: Kernel, device: str, sizes: Sizes) -> None:
+    """A property that takes gradients of problems drawn for the forward only."""
+
+    def check(kernel: Kernel, p: Problem) -> None:
+        run_kernel(kernel, p, "meta-grad-bypass", backward=True)
+
+    run_property(run, kernel, "meta-grad-bypass", problems(kernel.capabilities, device=device, sizes=sizes),
+                 check)
+
+
+@pytest.mark.parametrize("prop", [_bypassing_property, _mislabelling_property, _gradient_bypassing_property],
+                         ids=["bypass", "mislabel", "gradient-bypass"])
 def test_the_recorder_catches_a_problem_that_skips_the_declaration(prop, monkeypatch: pytest.MonkeyPatch):
     """The recorder above is not blind: a derived problem run without declaring it, and a
-    problem handed over with another problem's keywords, are both noted."""
-    caps = dataclasses.replace(blocked.attention.capabilities, limits=(HASHED,))
+    problem handed over with another problem's keywords, and gradients taken of problems drawn
+    without their backward's declaration, are all noted."""
+    caps = dataclasses.replace(blocked.attention.capabilities, limits=(HASHED, HASHED_BACKWARD))
     kernel = Kernel(name="meta-bypass", fn=blocked.attention, capabilities=caps)
     with recording(caps, [importlib.import_module(__name__)], monkeypatch) as recorder:
         _run(kernel, prop)
     assert recorder.wrong, "the recorder let an undeclared or mislabelled problem through"
+
+
+def test_a_backward_limit_rules_out_the_gradients_alone():
+    """A limit with ``backward=True`` leaves the problem declared for the forward (and outside the
+    error contract) and rules out its gradients; it cannot claim a clear error."""
+    caps = dataclasses.replace(blocked.attention.capabilities, limits=(
+        Limit("meta: a sliced dO", lambda p: p.do_layout == "sliced", raises=False, backward=True),))
+    p = Problem(b=1, hq=2, hkv=1, nq=5, nk=7, d=8, dv=8, dtype=torch.float32, grad_layout="sliced")
+    assert caps.unsupported_reason(p) is None and not caps.must_raise(p)
+    assert caps.backward_reason(p) == "known limit of the backward: meta: a sliced dO"
+    assert caps.backward_reason(p.replace(grad_layout="transposed")) is None
+    with pytest.raises(ValueError, match="backward limit must have raises=False"):
+        Limit("meta", lambda p: True, backward=True)
 
 
 # ------------------------------------------------------------------ kernels that refuse what they rule out

@@ -52,12 +52,13 @@ def _rerun_check(names: tuple[str, ...], backward: bool) -> tuple[str, Callable[
     return prop, check
 
 
-def _many_tiles(caps, device, sizes):
-    """Declared problems on the smallest declared tiles, so reductions span several tiles (where
-    a scheduling-dependent order would show)."""
+def _many_tiles(caps, device, sizes, backward: bool):
+    """Declared problems (and gradients, with ``backward``) on the smallest declared tiles, so
+    reductions span several tiles (where a scheduling-dependent order would show)."""
     smallest = {name: min(tiles) for name, tiles in (("block_m", caps.block_m), ("block_n", caps.block_n))
                 if tiles}
-    return problems(caps, device=device, sizes=sizes, derive=lambda p: p.replace(**smallest))
+    return problems(caps, device=device, sizes=sizes, derive=lambda p: p.replace(**smallest),
+                    backward=backward)
 
 
 def test_forward_bitwise_reproducible(run, kernel, device, sizes):
@@ -65,7 +66,7 @@ def test_forward_bitwise_reproducible(run, kernel, device, sizes):
     if not kernel.capabilities.deterministic:
         pytest.skip(f"kernel {kernel.name} does not declare a deterministic forward")
     prop, check = _rerun_check(("o", "lse"), backward=False)
-    run_property(run, kernel, prop, _many_tiles(kernel.capabilities, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _many_tiles(kernel.capabilities, device, sizes, False), check, weight=0.5)
 
 
 def test_backward_bitwise_reproducible(run, kernel, device, sizes):
@@ -76,4 +77,4 @@ def test_backward_bitwise_reproducible(run, kernel, device, sizes):
     if not caps.deterministic_backward:
         pytest.skip(f"kernel {kernel.name} does not declare a deterministic backward")
     prop, check = _rerun_check(("o", "dq", "dk", "dv"), backward=True)
-    run_property(run, kernel, prop, _many_tiles(caps, device, sizes), check, weight=0.5)
+    run_property(run, kernel, prop, _many_tiles(caps, device, sizes, True), check, weight=0.5)

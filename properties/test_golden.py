@@ -27,5 +27,6 @@ def test_backward_matches_golden(run, kernel, device, sizes):
         assert_close_to_golden(kernel, problem, "backward", out, ("o", "dq", "dk", "dv"))
 
     run_property(
-        run, kernel, "backward", problems(kernel.capabilities, device=device, sizes=sizes), check, weight=0.75
+        run, kernel, "backward", problems(kernel.capabilities, device=device, sizes=sizes, backward=True),
+        check, weight=0.75,
     )

@@ -111,7 +111,7 @@ def test_gradcheck(run, kernel, device, sizes):
     """Analytical gradients of o (the kernel's backward) equal float64 finite differences."""
     _require_float64_backward(kernel)
     caps = kernel.capabilities
-    strategy = problems(caps, device=device, sizes=_tiny(caps, sizes), dtypes=(F64,))
+    strategy = problems(caps, device=device, sizes=_tiny(caps, sizes), dtypes=(F64,), backward=True)
     run_property(run, kernel, "gradcheck", strategy, _checker("gradcheck", torch.autograd.gradcheck),
                  weight=0.5)
 
@@ -167,6 +167,6 @@ def test_gradgradcheck(run, kernel, device, sizes):
     reason = _double_backward_unsupported(run, kernel, probe)
     if reason is not None:
         pytest.skip(f"backward is not differentiable (kernel does not support double backward): {reason}")
-    strategy = problems(caps, device=device, sizes=_tiny(caps, sizes, n=5, d=4), dtypes=(F64,))
+    strategy = problems(caps, device=device, sizes=_tiny(caps, sizes, n=5, d=4), dtypes=(F64,), backward=True)
     run_property(run, kernel, "gradgradcheck", strategy,
                  _checker("gradgradcheck", torch.autograd.gradgradcheck), weight=0.25)

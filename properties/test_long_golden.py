@@ -71,7 +71,7 @@ def judge_example(kernel: Kernel, p: Problem, max_scores: int) -> PropertyFailur
     rows, report the example (:data:`GROWTH`); returns its failure, ``None`` when it passed (the
     tensors are gone when it returns: a failure kept by Hypothesis holds no device memory)."""
     caps = kernel.capabilities
-    backward = caps.backward
+    backward = caps.backward_reason(p) is None
     names = ("o", "lse", "dq", "dk", "dv") if backward else ("o", "lse")
     inputs = p.kernel_inputs(requires_grad=backward)
     do = p.grad_output() if backward else None
