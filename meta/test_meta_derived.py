@@ -177,6 +177,15 @@ def test_every_problem_a_property_runs_is_declared(module: str, name: str, case:
     assert not recorder.wrong, "\n".join(recorder.wrong[:5])
 
 
+def test_the_property_cases_are_collected():
+    """The parametrization above is not empty (a property signature it does not know would leave it
+    so, and the test above would then pass by skipping): every property module not in
+    :data:`NOT_RUN` gives at least one case."""
+    modules = {module for module, _, _ in _property_tests()}
+    expected = {path.stem for path in PROPERTIES_DIR.glob("test_*.py")} - set(NOT_RUN)
+    assert modules == expected, sorted(expected - modules)
+
+
 def _bypassing_property(run: RunContext, kernel: Kernel, device: str, sizes: Sizes) -> None:
     """A property that runs a derived problem (one more query) without declaring it."""
 
