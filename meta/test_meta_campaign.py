@@ -185,6 +185,32 @@ def test_a_fault_left_behind_ends_the_worker_and_spares_the_next_test(tmp_path: 
     assert rows["single-token"][:2] == ["10", "10"] and rows["single-token"][3] == "0", table
 
 
+def test_a_failed_gpu_call_reports_the_fault_it_left(monkeypatch: pytest.MonkeyPatch):
+    """After a failed call on a CUDA problem, synchronizing surfaces a fault its work left behind as
+    that call's (a lost context); a fault that does not lose the context, a CPU problem or an
+    uninitialised CUDA report none."""
+    import torch
+    from flashprop.contract.problem import Problem
+    from flashprop.harness import check
+
+    p = Problem(b=1, hq=1, hkv=1, nq=4, nk=4, d=8, dv=8, dtype=torch.float16, device="cuda")
+
+    def fault(message: str):
+        def synchronize() -> None:
+            raise RuntimeError(message)
+        return synchronize
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", fault("CUDA error: misaligned address"))
+    assert check._fault_after(p) == "RuntimeError: CUDA error: misaligned address"
+    assert check._fault_after(p.replace(device="cpu")) is None
+    monkeypatch.setattr(torch.cuda, "synchronize", fault("some other error"))
+    assert check._fault_after(p) is None
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "synchronize", fault("CUDA error: misaligned address"))
+    assert check._fault_after(p) is None
+
+
 @pytest.fixture
 def redis_url():
     """A real redis-server on a free port, stopped after the test."""
