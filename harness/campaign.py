@@ -94,10 +94,10 @@ def case_of(item: pytest.Item) -> str | None:
 
 def _canonical(value: object) -> str:
     """``value`` as text that every process writes alike: a dataclass by its fields, a set with
-    its items sorted, a :class:`Limit` by its reason and ``raises`` (its predicate is code, whose
-    repr is an address; the reason names the limit), anything else by its repr."""
+    its items sorted, a :class:`Limit` by its reason, ``raises`` and ``backward`` (its predicate is
+    code, whose repr is an address; the reason names the limit), anything else by its repr."""
     if isinstance(value, Limit):
-        return f"Limit({value.reason!r}, raises={value.raises})"
+        return f"Limit({value.reason!r}, raises={value.raises}, backward={value.backward})"
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = (f"{f.name}={_canonical(getattr(value, f.name))}" for f in dataclasses.fields(value))
         return f"{type(value).__name__}({', '.join(fields)})"
