@@ -285,7 +285,8 @@ def run_kernel(
         message = failure(kernel, problem, prop, [], error=f"the kernel raised {said}", backward=backward,
                           malformed=bad)
         if _fatal(err) or fault is not None:
-            raise ContextBroken(message, f"the kernel raised {(fault or text).splitlines()[0]}") from err
+            then = "" if fault is None else f"; synchronizing after it raised {fault.splitlines()[0]}"
+            raise ContextBroken(message, f"the kernel raised {text.splitlines()[0]}{then}") from err
         raise PropertyFailure(message) from err
     if kernel.capabilities.returns_lse and lse is None:
         lost = "declares returns_lse but returned only o"
