@@ -280,11 +280,12 @@ def run_kernel(
         ) from err
     except Exception as err:
         text = f"{type(err).__name__}: {err}"
-        fault = None if _fatal(err) else _fault_after(problem)
+        fatal = _fatal(err)
+        fault = None if fatal else _fault_after(problem)
         said = text if fault is None else f"{text}\nand synchronizing after it raised {fault}"
         message = failure(kernel, problem, prop, [], error=f"the kernel raised {said}", backward=backward,
                           malformed=bad)
-        if _fatal(err) or fault is not None:
+        if fatal or fault is not None:
             then = "" if fault is None else f"; synchronizing after it raised {fault.splitlines()[0]}"
             raise ContextBroken(message, f"the kernel raised {text.splitlines()[0]}{then}") from err
         raise PropertyFailure(message) from err

@@ -504,9 +504,9 @@ CUDNN_MASKED_EMPTY_ROWS = Limit(
 
 
 def _masked_gqa_strided_grad(p) -> bool:
-    """Whether ``p`` has a backward (not decode) through an explicit mask, is GQA (Hq > Hkv) and
-    hands the backward a dO that is not contiguous (``Problem.do_layout``)."""
-    return _through_mask(p) and p.cache is None and p.hq != p.hkv and p.do_layout != "contiguous"
+    """Whether ``p`` goes through an explicit mask, is GQA (Hq > Hkv) and hands the backward a dO
+    that is not contiguous (``Problem.do_layout``); a limit of the backward, so never decode."""
+    return _through_mask(p) and p.hq != p.hkv and p.do_layout != "contiguous"
 
 
 #: A finding of flashprop's varlen-sequence-alone property on the H200 (torch 2.11.0+cu130,
@@ -534,9 +534,9 @@ CUDNN_STRIDED_GRAD_OUTPUT = Limit(
 
 
 def _sliced_grad_output(p) -> bool:
-    """Whether ``p`` hands a backward (not decode) a dO in the sliced layout: rows Dv + 3 elements
-    apart, its first element generally off a 16-byte boundary (``Problem._place``)."""
-    return p.cache is None and p.do_layout == "sliced"
+    """Whether ``p`` hands the backward a dO in the sliced layout: rows Dv + 3 elements apart, its
+    first element generally off a 16-byte boundary (``Problem._place``)."""
+    return p.do_layout == "sliced"
 
 
 #: A finding of flashprop's backward properties on an H100 (torch 2.11.0+cu130, session 40):

@@ -140,24 +140,30 @@ def test_workers_tallies_merge(tmp_path: Path):
     assert "ref-blocked  backward  15" in table and "ref-blocked  forward   20" in table, table
 
 
+def _two_properties(tmp_path: Path, source: str, workers: int, restarts: int) -> tuple[str, dict]:
+    """Run the forward and single-token properties on the kernel in ``source`` over ``workers``
+    xdist workers, expecting a failure: the summary table and its rows (property -> columns)."""
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text(source)
+    run = _pytest("properties/test_golden.py::test_forward_matches_golden",
+                  "properties/test_robustness.py::test_single_token", "--kernel", f"{kernel}:attn",
+                  "--hypothesis-profile", "ci", "-n", str(workers), "--max-worker-restart", str(restarts))
+    assert run.returncode == 1, run.stdout + run.stderr
+    table = run.stdout[run.stdout.index("examples per property"):]
+    rows = {line.split()[1]: line.split()[2:] for line in table.splitlines() if line.startswith(str(kernel))}
+    return table, rows
+
+
 @pytest.mark.parametrize("source, cause", [(CRASHER, None), (CONTEXT_BREAKER, "RuntimeError: CUDA error")],
                          ids=["segfault", "broken-cuda-context"])
 def test_a_dead_worker_is_replaced_and_its_problem_reported(tmp_path: Path, source: str, cause: str | None):
     """A worker that segfaults, or whose CUDA context breaks (it then ends itself), is replaced;
     its problem is reported once, with the cause when there is one, and the campaign goes on."""
-    kernel = tmp_path / "crasher.py"
-    kernel.write_text(source)
-    run = _pytest("properties/test_golden.py::test_forward_matches_golden",
-                  "properties/test_robustness.py::test_single_token", "--kernel", f"{kernel}:attn",
-                  "--hypothesis-profile", "ci", "-n", "2", "--max-worker-restart", "4")
-    out = run.stdout + run.stderr
-    assert run.returncode == 1, out
-    table = run.stdout[run.stdout.index("examples per property"):]
+    table, rows = _two_properties(tmp_path, source, workers=2, restarts=4)
     assert "died" in table and "--replay" in table, table
     assert cause is None or f"the kernel raised {cause}" in table, table
     nq, nk = map(int, re.search(r"problem: Problem\(.*?nq=(\d+), nk=(\d+)", table).groups())
     assert nq > 4 and nk > 4, table  # the problem the worker died on
-    rows = {line.split()[1]: line.split()[2:] for line in table.splitlines() if line.startswith(str(kernel))}
     dead = [prop for prop, cols in rows.items() if cols[3] != "0"]  # failed
     assert len(dead) == 1 and table.count(f"property '{dead[0]}' failed") == 1, table
     other = next(prop for prop in ("forward", "single-token") if prop != dead[0])
@@ -170,17 +176,9 @@ def test_a_fault_left_behind_ends_the_worker_and_spares_the_next_test(tmp_path: 
     kernel's call (the next inputs made). The worker ends itself there, reporting the lost context,
     and the next test, on the fresh worker xdist starts, passes all its examples instead of failing
     on the lost context (one worker, so both tests would otherwise share it)."""
-    kernel = tmp_path / "fault.py"
-    kernel.write_text(FAULT_LEFT_BEHIND)
-    run = _pytest("properties/test_golden.py::test_forward_matches_golden",
-                  "properties/test_robustness.py::test_single_token", "--kernel", f"{kernel}:attn",
-                  "--hypothesis-profile", "ci", "-n", "1", "--max-worker-restart", "2")
-    out = run.stdout + run.stderr
-    assert run.returncode == 1, out
-    table = run.stdout[run.stdout.index("examples per property"):]
+    table, rows = _two_properties(tmp_path, FAULT_LEFT_BEHIND, workers=1, restarts=2)
     assert "lost outside the kernel's call (RuntimeError: CUDA error: misaligned address)" in table, table
     assert "died" in table, table
-    rows = {line.split()[1]: line.split()[2:] for line in table.splitlines() if line.startswith(str(kernel))}
     assert rows["forward"][3] != "0", table
     assert rows["single-token"][:2] == ["10", "10"] and rows["single-token"][3] == "0", table
 
