@@ -503,31 +503,37 @@ CUDNN_MASKED_EMPTY_ROWS = Limit(
 )
 
 
-def _masked_gqa_strided_grad(p) -> bool:
-    """Whether ``p`` goes through an explicit mask, is GQA (Hq > Hkv) and hands the backward a dO
-    that is not contiguous (``Problem.do_layout``); a limit of the backward, so never decode."""
-    return _through_mask(p) and p.hq != p.hkv and p.do_layout != "contiguous"
+def _storage_order(layout: str) -> str:
+    """Which of a tensor's two dims before the last is stored outer in ``layout``
+    (``Problem._place``): ``transposed`` swaps them, the other layouts keep the logical order."""
+    return "transposed" if layout == "transposed" else "contiguous"
 
 
-#: A finding of flashprop's varlen-sequence-alone property on the H200 (torch 2.11.0+cu130,
-#: session 39, docs/findings.md): 30 of 50 examples failed, shrunk to Problem(b=1, hq=2, hkv=1,
-#: nq=15, nk=15, d=8, dv=8, dtype='float16', window=(-1, 0), seqlens=((15, 15),)). The packed run
-#: (SDPA given a contiguous dO) had the float64 gradients (dq[3, 1, 1] = -1.1074); the same
-#: sequence run densely, with the same q, k, v, mask and a transposed (B, N, H, D) dO, gave
-#: dq[3, 1, 1] = 1.4111, dk and dv as far off, o right. The declared trigger (a mask, GQA and a
-#: dO that is not contiguous) is what that problem has and what its two runs differ in; it is not
-#: yet isolated on the GPU (the shrinker kept the window and Hq = 2 > Hkv = 1).
-#: Session 40's probe on an H100 (same torch) ran SDPA's cuDNN backward directly (fp16, one
-#: batch element, ``enable_gqa=True``, N = 15 and 64, D = 8 and 64, GQA and MHA, masked or not):
-#: a dO stored head-major (B, H, N, D contiguous) gave gradients O(1) off in every case, a dO
-#: stored sequence-major (a (B, N, H, D) buffer seen as (B, H, N, D)) the float64 ones, whatever
-#: q, k, v's and o's strides. That does not square with this limit's earlier evidence (the backward
-#: properties passed contiguous-dO problems with GQA and masks on the H200), so the limit stays as
-#: declared until a probe through the adapter itself isolates it (docs/findings.md).
+def _grad_out_of_o_order(p) -> bool:
+    """Whether ``p``'s dO is stored in the other order than q (and so o, which SDPA's cuDNN
+    backend lays out like q, pytorch#138354): head-major against sequence-major, dense or packed
+    alike (a pack's (T, H, D) rows are SDPA's (1, H, T, D) sequence-major view). A dO with a
+    non-unit innermost stride (strided) is copied by torch in o's layout first, and the sliced one
+    is :data:`CUDNN_MISALIGNED_GRAD_OUTPUT`'s."""
+    ordered = p.do_layout in ("contiguous", "transposed")
+    return ordered and _storage_order(p.do_layout) != _storage_order(p.layout)
+
+
+#: A finding of flashprop's backward properties (torch 2.11.0+cu130; found on the H200 in session
+#: 39, explained on an H100 in session 41, docs/findings.md). SDPA's cuDNN backward caches the
+#: cuDNN graph it builds per call signature, and a later call whose dO has other strides but the
+#: same shapes and q, k, v, o strides reuses it: its dq, dk, dv are O(1) off (the forward right).
+#: Whichever dO layout comes first in a process is right and the other wrong: with q, k, v, o
+#: head-major (B=1, H=2, N=64, D=64, no mask, fp16), dO head-major then sequence-major gave max
+#: errors 8.4e-4 then 1.76; sequence-major then head-major 8.4e-4 then 1.84 (each order in a fresh
+#: process). So a dO's correctness depends on what ran before it. The limit keeps every dO stored in
+#: o's order, so that all calls of one signature hand cuDNN the same dO strides: dense and packed,
+#: since a one-sequence pack and its dense run in varlen-sequence-alone share the signature.
 CUDNN_STRIDED_GRAD_OUTPUT = Limit(
-    reason="SDPA cuDNN: with an attn_mask and GQA, a dO that is not contiguous (a transposed "
-    "(B, N, H, D) view) gave wrong dq, dk, dv (O(1) off, the forward right; torch 2.11, H200)",
-    applies=_masked_gqa_strided_grad,
+    reason="SDPA cuDNN backward: a dO stored in another order than o reuses the cuDNN graph cached "
+    "for the first dO strides seen with the same shapes and q, k, v, o strides, so its dq, dk, dv "
+    "are O(1) off whenever another dO layout came first in the process (torch 2.11; H200 and H100)",
+    applies=_grad_out_of_o_order,
     raises=False,
     backward=True,
 )
@@ -553,6 +559,30 @@ CUDNN_MISALIGNED_GRAD_OUTPUT = Limit(
     "Dv + 3 apart) fails in cuDNN (RuntimeError from mha_graph.execute) or faults with a misaligned "
     "address that ends the CUDA context (torch 2.11, H100)",
     applies=_sliced_grad_output,
+    raises=False,
+    backward=True,
+)
+
+
+def _masked_underflow(p) -> bool:
+    """Whether ``p`` goes through an explicit mask with every logit far below -88 (``dist``
+    ``underflow``: float32 ``exp`` of a logit underflows to 0 unless the row max is subtracted)."""
+    return _through_mask(p) and p.dist == "underflow"
+
+
+#: A finding of flashprop's variant properties on an H100 (torch 2.11.0+cu130, session 41):
+#: with every logit far below -88, the cuDNN backward through a mask returned NaN gradients, the
+#: forward right: Problem(b=2, hq=1, hkv=1, nq=1, nk=127, d=8, dtype='float16', dist='underflow',
+#: alibi=('batch-head', 0.0), seqlens=((1, 1), (0, 127))) gave NaN in every element of dk and dv;
+#: Problem(b=1, hq=4, hkv=2, nq=256, nk=64, d=240, dtype='float16', dist='underflow',
+#: seqlens=((256, 64),)) NaN in every element of dq. The same problems with the normal, large and
+#: overflow values (logits far above +88) passed, and so did smaller underflow problems (dense,
+#: windowed, packed): the trigger within the masked underflow problems is not isolated, so the limit
+#: names them all (28 alibi-backward and 13 varlen-backward examples of 313 failed so).
+CUDNN_MASKED_UNDERFLOW_GRADIENTS = Limit(
+    reason="SDPA cuDNN backward through a mask: rows whose every logit is far below -88 gave NaN "
+    "gradients (the forward right; torch 2.11, H100)",
+    applies=_masked_underflow,
     raises=False,
     backward=True,
 )
@@ -648,6 +678,7 @@ sdpa_cudnn = _make(
             CUDNN_MASKED_EMPTY_ROWS,
             CUDNN_STRIDED_GRAD_OUTPUT,
             CUDNN_MISALIGNED_GRAD_OUTPUT,
+            CUDNN_MASKED_UNDERFLOW_GRADIENTS,
             _dispatcher_limit(SDPBackend.CUDNN_ATTENTION, "cuDNN", "can_use_cudnn_attention", _MASKED_CALLS),
         ),
         **_MASKED_WITH_DROPOUT,

@@ -53,23 +53,49 @@ def test_the_bias_is_rounded_once_and_only_for_backends_that_need_it(dtype):
     assert sdpa._for_backend(sdpa._Call(q, q, q, visible), SDPBackend.CUDNN_ATTENTION).attn_mask is visible
 
 
-#: Session 39's cuDNN finding, shrunk (docs/findings.md): the pack, whose SDPA call gets a
-#: contiguous dO, had the float64 gradients; its one sequence run densely, with a transposed dO,
-#: did not.
+#: Session 39's cuDNN finding, shrunk (docs/findings.md): a one-sequence pack, and the dense run of
+#: its sequence that varlen-sequence-alone makes (transposed q, k, v and dO: the same strides).
 CUDNN_PACK = Problem(b=1, hq=2, hkv=1, nq=15, nk=15, d=8, dv=8, dtype=torch.float16, device="cpu",
                      window=(-1, 0), seqlens=((15, 15),))
+CUDNN_ALONE = CUDNN_PACK.replace(seqlens=None, layout="transposed", grad_layout="transposed")
 
 
-def test_the_cudnn_strided_grad_limit_covers_the_dense_run_and_not_the_pack():
-    """The limit names the dense run varlen-sequence-alone made (the pack's rows: transposed q,
-    k, v and dO) and leaves the pack, the contiguous-dO form and the MHA form declared."""
+def test_the_cudnn_grad_order_limit_keeps_do_in_the_order_of_o():
+    """The limit rules out a dO stored in the other order than q and o, dense or packed, and keeps
+    one in o's order: the pack and its dense run stay declared (they hand cuDNN one set of strides),
+    and so does a dO with a non-unit innermost stride, which torch copies in o's layout."""
     limit = sdpa.CUDNN_STRIDED_GRAD_OUTPUT
-    alone = CUDNN_PACK.replace(seqlens=None, layout="transposed", grad_layout="transposed")
-    assert limit.applies(alone) and not limit.raises
-    assert not limit.applies(CUDNN_PACK)
-    assert not limit.applies(alone.replace(grad_layout=None))
-    assert not limit.applies(alone.replace(hq=1))
-    assert not limit.applies(alone.replace(window=None))
+    assert limit.backward and not limit.raises
+    for declared in (CUDNN_PACK, CUDNN_ALONE, CUDNN_PACK.replace(grad_layout="strided"),
+                     CUDNN_ALONE.replace(grad_layout="strided"), CUDNN_PACK.replace(layout="sliced")):
+        assert not limit.applies(declared), declared
+    unmasked_mha = CUDNN_ALONE.replace(hq=1, window=None, grad_layout=None)
+    for ruled_out in (CUDNN_ALONE.replace(grad_layout=None), CUDNN_PACK.replace(grad_layout="transposed"),
+                      CUDNN_PACK.replace(layout="transposed"), unmasked_mha):
+        assert limit.applies(ruled_out), ruled_out
+
+
+#: Session 41's finding on an H100: NaN gradients through a mask with every logit far below -88.
+CUDNN_UNDERFLOW = (
+    Problem(b=2, hq=1, hkv=1, nq=1, nk=127, d=8, dv=8, dtype=torch.float16, device="cpu", dist="underflow",
+            alibi=("batch-head", 0.0), seqlens=((1, 1), (0, 127))),
+    Problem(b=1, hq=4, hkv=2, nq=256, nk=64, d=240, dv=240, dtype=torch.float16, device="cpu",
+            dist="underflow", seqlens=((256, 64),)),
+)
+
+
+def test_the_cudnn_underflow_limit_rules_out_the_masked_gradients_alone():
+    """Both shrunk problems have their gradients ruled out and their forward declared; the same
+    problems with other values, and an unmasked underflow problem, keep their gradients."""
+    caps = sdpa.sdpa_cudnn.capabilities
+    limit = sdpa.CUDNN_MASKED_UNDERFLOW_GRADIENTS
+    assert limit.backward and not limit.raises
+    for p in CUDNN_UNDERFLOW:
+        assert caps.backward_limit(p) is limit
+        assert caps.unsupported_reason(p.replace(device="cuda"), include_limits=False) is None
+        for dist in ("normal", "large", "overflow"):
+            assert not limit.applies(p.replace(dist=dist))
+    assert not limit.applies(Problem(dist="underflow", dtype=torch.float16))
 
 
 #: Session 40's findings on an H100, each with its dO sliced: RuntimeError from cuDNN's graph
@@ -87,7 +113,7 @@ def test_the_cudnn_sliced_grad_limit_rules_out_the_gradients_alone():
     dO in the other layouts is still drawn; both cuDNN dO limits are limits of the backward."""
     caps = sdpa.sdpa_cudnn.capabilities
     limit = sdpa.CUDNN_MISALIGNED_GRAD_OUTPUT
-    assert limit.backward and sdpa.CUDNN_STRIDED_GRAD_OUTPUT.backward and not limit.raises
+    assert limit.backward and not limit.raises
     for p in CUDNN_SLICED_DO:
         assert caps.backward_limit(p) is limit
         assert caps.unsupported_reason(p.replace(device="cuda"), include_limits=False) is None
