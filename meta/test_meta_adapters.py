@@ -75,6 +75,16 @@ def test_the_cudnn_grad_order_limit_keeps_do_in_the_order_of_o():
         assert limit.applies(ruled_out), ruled_out
 
 
+def _assert_rules_out_the_gradients_alone(limit, problems) -> None:
+    """``limit`` is a silent limit of the backward that is what sdpa-cudnn's declarations rule out
+    for each of ``problems``' gradients, while their forward stays declared."""
+    caps = sdpa.sdpa_cudnn.capabilities
+    assert limit.backward and not limit.raises
+    for p in problems:
+        assert caps.backward_limit(p) is limit
+        assert caps.unsupported_reason(p.replace(device="cuda"), include_limits=False) is None
+
+
 #: Session 41's finding on an H100: NaN gradients through a mask with every logit far below -88.
 CUDNN_UNDERFLOW = (
     Problem(b=2, hq=1, hkv=1, nq=1, nk=127, d=8, dv=8, dtype=torch.float16, device="cpu", dist="underflow",
@@ -87,12 +97,9 @@ CUDNN_UNDERFLOW = (
 def test_the_cudnn_underflow_limit_rules_out_the_masked_gradients_alone():
     """Both shrunk problems have their gradients ruled out and their forward declared; the same
     problems with other values, and an unmasked underflow problem, keep their gradients."""
-    caps = sdpa.sdpa_cudnn.capabilities
     limit = sdpa.CUDNN_MASKED_UNDERFLOW_GRADIENTS
-    assert limit.backward and not limit.raises
+    _assert_rules_out_the_gradients_alone(limit, CUDNN_UNDERFLOW)
     for p in CUDNN_UNDERFLOW:
-        assert caps.backward_limit(p) is limit
-        assert caps.unsupported_reason(p.replace(device="cuda"), include_limits=False) is None
         for dist in ("normal", "large", "overflow"):
             assert not limit.applies(p.replace(dist=dist))
     assert not limit.applies(Problem(dist="underflow", dtype=torch.float16))
@@ -110,13 +117,11 @@ CUDNN_SLICED_DO = (
 
 def test_the_cudnn_sliced_grad_limit_rules_out_the_gradients_alone():
     """Both findings' problems have their gradients ruled out and stay declared for the forward;
-    dO in the other layouts is still drawn; both cuDNN dO limits are limits of the backward."""
+    dO in the other layouts is still drawn."""
     caps = sdpa.sdpa_cudnn.capabilities
     limit = sdpa.CUDNN_MISALIGNED_GRAD_OUTPUT
-    assert limit.backward and not limit.raises
+    _assert_rules_out_the_gradients_alone(limit, CUDNN_SLICED_DO)
     for p in CUDNN_SLICED_DO:
-        assert caps.backward_limit(p) is limit
-        assert caps.unsupported_reason(p.replace(device="cuda"), include_limits=False) is None
         assert not any(lim.applies(p) for lim in caps.limits[:2])  # the forward's own limits
         for other in (None, "transposed", "strided"):
             assert not limit.applies(p.replace(grad_layout=other))
