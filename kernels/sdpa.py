@@ -270,7 +270,10 @@ def _kvcache_call(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
 #: SDPA's (B, H, N, D) output becomes the entry point's.
 _BUILDS: Mapping[str, tuple[Callable[..., _Call], Callable[[torch.Tensor], torch.Tensor]]] = {
     "dense": (_dense_call, lambda o: o),
-    "varlen": (_varlen_call, lambda o: o[0].transpose(0, 1)),  # o (Tq, Hq, Dv)
+    # o (Tq, Hq, Dv) through squeeze, not o[0]: select's backward would hand SDPA a fresh
+    # head-major dO, another order than o's (CUDNN_STRIDED_GRAD_OUTPUT); squeeze's passes the
+    # caller's dO on as a view
+    "varlen": (_varlen_call, lambda o: o.squeeze(0).transpose(0, 1)),
     "kvcache": (_kvcache_call, lambda o: o.transpose(1, 2)),  # o (B, Nq, Hq, Dv)
 }
 #: The calls each kind of adapter makes, per entry point (``Problem.mode``), with its signature.
@@ -528,9 +531,10 @@ def _grad_out_of_o_order(p) -> bool:
 #: errors 8.4e-4 then 1.76; sequence-major then head-major 8.4e-4 then 1.84 (each order in a fresh
 #: process). So a dO's correctness depends on what ran before it. The limit keeps every dO stored in
 #: o's order, dense and packed, so that all calls of one signature hand cuDNN the same dO strides.
-#: It does not cover varlen-sequence-alone's one-sequence packs: a pack and its dense run share
-#: shapes and strides but not their masks' layout, and still disagreed in 22 of 40 examples under
-#: this limit (session 41; open in docs/findings.md).
+#: The varlen entry point passes the caller's dO on as a view (``_BUILDS``): until session 42 its
+#: ``o[0]`` made autograd hand SDPA a fresh head-major dO, so a one-sequence pack and its dense run
+#: (same shapes, masks and q, k, v strides) disagreed, whichever ran second wrong (22 of 40
+#: varlen-sequence-alone examples in session 41).
 CUDNN_STRIDED_GRAD_OUTPUT = Limit(
     reason="SDPA cuDNN backward: a dO stored in another order than o reuses the cuDNN graph cached "
     "for the first dO strides seen with the same shapes and q, k, v, o strides, so its dq, dk, dv "

@@ -75,6 +75,38 @@ def test_the_cudnn_grad_order_limit_keeps_do_in_the_order_of_o():
         assert limit.applies(ruled_out), ruled_out
 
 
+def _sequence_major_at_sdpa(p: Problem, monkeypatch) -> tuple[bool, bool]:
+    """Whether q, and the dO SDPA's backward gets, are stored sequence-major where SDPA sees them
+    (N outer of a (B, H, N, D) tensor's H and N: its stride over N above the one over H), for ``p``
+    run with a backward through ``sdpa-math`` on the CPU. cuDNN lays o out like q (pytorch#138354)."""
+    real, seen = torch.nn.functional.scaled_dot_product_attention, []
+
+    def spy(q, *args, **kwargs):
+        o = real(q, *args, **kwargs)
+        o.register_hook(lambda g: seen.append((q.stride(), g.stride())))
+        return o
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    run_kernel(load_kernel("sdpa-math"), p, "varlen-backward", backward=True)
+    ((q_strides, do_strides),) = seen
+    return q_strides[2] > q_strides[1], do_strides[2] > do_strides[1]
+
+
+@pytest.mark.parametrize("grad_layout", [None, "transposed"])
+def test_a_packed_do_reaches_sdpa_in_the_order_the_cudnn_limit_assumes(grad_layout, monkeypatch):
+    """The dO-order limit reads a token-major pack's dO as sequence-major, q's and so o's order,
+    unless it is stored transposed: that must be the dO SDPA's backward gets (a view of the
+    caller's). Session 41's one-sequence packs failed because it was not: the entry point's
+    ``o[0]`` made autograd hand SDPA a fresh head-major dO (select's backward), and the cuDNN graph
+    cached for it then served the dense run's sequence-major dO, or the reverse (on an H100, the
+    second of the two runs always wrong; docs/findings.md)."""
+    p = CUDNN_PACK.replace(grad_layout=grad_layout)
+    q_order, do_order = _sequence_major_at_sdpa(p, monkeypatch)
+    assert q_order
+    assert do_order == (grad_layout is None)
+    assert (do_order != q_order) == sdpa.CUDNN_STRIDED_GRAD_OUTPUT.applies(p)
+
+
 def _assert_rules_out_the_gradients_alone(limit, problems) -> None:
     """``limit`` is a silent limit of the backward that is what sdpa-cudnn's declarations rule out
     for each of ``problems``' gradients, while their forward stays declared."""
