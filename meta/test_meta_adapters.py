@@ -126,15 +126,26 @@ CUDNN_UNDERFLOW = (
 )
 
 
+#: Session 42's on the H200: NaN in dq's last 124 rows, normal values pushed down by ALiBi
+#: (slopes 0.20 and 0.11) for the rows far past the 63 keys; the same with slope 0 passed.
+CUDNN_FAR_ALIBI = Problem(b=2, hq=1, hkv=1, nq=255, nk=63, d=8, dv=32, dtype=torch.float16, device="cpu",
+                          alibi=("batch-head", 0.25), seqlens=((255, 63), (0, 1)))
+
+
 def test_the_cudnn_underflow_limit_rules_out_the_masked_gradients_alone():
-    """Both shrunk problems have their gradients ruled out and their forward declared; the same
-    problems with other values, and an unmasked underflow problem, keep their gradients."""
+    """The shrunk problems, and the dense run of the ALiBi one's sequence, have their gradients
+    ruled out and their forward declared; the same problems with other values, with a flat ALiBi,
+    with a window that keeps every row near its keys, and an unmasked underflow problem keep them."""
     limit = sdpa.CUDNN_MASKED_UNDERFLOW_GRADIENTS
-    _assert_rules_out_the_gradients_alone(limit, CUDNN_UNDERFLOW)
+    alone = CUDNN_FAR_ALIBI.replace(b=1, seqlens=None, layout="transposed", grad_layout="transposed")
+    _assert_rules_out_the_gradients_alone(limit, (*CUDNN_UNDERFLOW, CUDNN_FAR_ALIBI, alone))
     for p in CUDNN_UNDERFLOW:
-        for dist in ("normal", "large", "overflow"):
+        for dist in ("normal", "large", "overflow", "negative"):
             assert not limit.applies(p.replace(dist=dist))
     assert not limit.applies(Problem(dist="underflow", dtype=torch.float16))
+    for near in (CUDNN_FAR_ALIBI.replace(alibi=("batch-head", 0.0)), CUDNN_FAR_ALIBI.replace(window=(8, 8)),
+                 CUDNN_FAR_ALIBI.replace(nk=255, seqlens=((255, 255), (0, 1)))):
+        assert not limit.applies(near), near
 
 
 #: Session 40's findings on an H100, each with its dO sliced: RuntimeError from cuDNN's graph
