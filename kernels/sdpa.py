@@ -469,18 +469,22 @@ def _through_mask(p) -> bool:
     return p.window is not None or p.alibi is not None or p.seqlens is not None or p.cache is not None
 
 
+def _sequence_pairs(p) -> tuple[tuple[int, int], ...]:
+    """(queries, keys) of each sequence the mask of ``p`` covers: a pack's sequences, a decode
+    batch's cache lengths, or the dense problem's one pair."""
+    if p.seqlens is not None:
+        return p.seqlens
+    if p.cache is not None:
+        return tuple((p.nq, length) for length in p.cache)
+    return ((p.nq, p.nk),)
+
+
 def _masked_empty_row(p) -> bool:
     """Whether ``p`` goes through an explicit mask and has a query row that sees no key under the
     adapters' top-left alignment (a whole row of the mask False)."""
     if not _through_mask(p):
         return False
-    if p.seqlens is not None:
-        pairs = p.seqlens
-    elif p.cache is not None:
-        pairs = tuple((p.nq, length) for length in p.cache)
-    else:
-        pairs = ((p.nq, p.nk),)
-    for nq, nk in pairs:
+    for nq, nk in _sequence_pairs(p):
         if nq == 0:
             continue
         if nk == 0:
@@ -582,9 +586,8 @@ def _far_alibi_row(p) -> bool:
     ``nq - nk``, and a window of left width ``L`` leaves such a row only ``L`` away at most."""
     if p.alibi is None:
         return False
-    pairs = p.seqlens if p.seqlens is not None else ((p.nq, p.nk),)
     left = -1 if p.window is None else p.window[0]
-    far = max((nq - nk for nq, nk in pairs if nq and nk), default=0)
+    far = max((nq - nk for nq, nk in _sequence_pairs(p) if nq and nk), default=0)
     if left >= 0:
         far = min(far, left)
     return far > 0 and float(p.variant_kwargs()["alibi_slopes"].max()) * far >= _FAR_BIAS
