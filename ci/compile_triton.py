@@ -14,7 +14,7 @@ autotuning config of each tuned kernel at d = 128 (the forward with and without 
 specialised as Triton's launcher would for a contiguous problem (unit strides constant, the
 rest multiples of 16); the variants (window, softcap, ALiBi, sinks: :func:`variant_cases`);
 varlen, alone and with every variant (:func:`varlen_cases`); and the KV-cache decode kernels
-(:func:`decode_cases`).
+(:func:`decode_cases`), and the value checks that run beside those two (:func:`check_cases`).
 Also checks that the forward's
 autotuner ignores TRITON_CACHE_AUTOTUNING and that every autotuning key names a parameter.
 Prints shared memory per kernel; exits 1 on the first failure.
@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashprop.kernels.triton_attention as ta
 import flashprop.kernels.triton_attention_kernels as tak
+import flashprop.kernels.triton_checks as checks
 import torch
 import triton
 from flashprop.kernels.triton_attention_launch import _TUNING_KEY
@@ -54,7 +55,7 @@ FP32_POINTERS = {"LSE", "LSE2", "DELTA", "DLSE", "OPart", "LSEPart"}
 ALWAYS_FP32_POINTERS = {"Slopes", "Sinks", "Descale", "Scales"}
 #: The int32 index tensors: a varlen launch's cu_seqlens, the decode kernels' block table and
 #: cache lengths.
-INDEX_POINTERS = {"CuSeq", "CuSeqQ", "CuSeqK", "Table", "Lengths", "TileMap", "Lens", "Flags"}
+INDEX_POINTERS = {"CuSeq", "CuSeqQ", "CuSeqK", "CuQ", "CuK", "Table", "Lengths", "TileMap", "Lens", "Flags"}
 FP64_SCALARS = {"qk_scale", "sm_scale", "softcap2", "drop_scale"}
 #: The dropout's seed words and threshold (annotated int64 in the kernels).
 INT64_SCALARS = {"seed_lo", "seed_hi", "drop_threshold"}
@@ -325,9 +326,14 @@ def decode_cases() -> list[tuple]:
         options = {k: meta.pop(k) for k in ("num_warps", "num_stages")}
         cases.append((f"decode combine dv=128 {POINTER_NAMES[dtype]} 64 splits, sinks, unspecialised",
                       td.COMBINE_PLAIN, meta, options, False, POINTER_NAMES[dtype]))
-    cases.append(("decode value check (lengths, block table), unspecialised", td._value_check,
-                  {"BLOCK": td._CHECK_BLOCK}, {"num_warps": 4, "num_stages": 1}, False, "bf16"))
     return cases
+
+
+def check_cases() -> list[tuple]:
+    """The value checks that run beside the decode and varlen kernels (``kernels/triton_checks.py``)."""
+    options = {"num_warps": 4, "num_stages": 1}
+    return [(f"{name} value check, unspecialised", fn, {"BLOCK": checks.CHECK_BLOCK}, options, False, "bf16")
+            for name, fn in (("decode", checks.cache_value_check), ("varlen", checks.cu_seqlens_check))]
 
 
 POINTER_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64"}
@@ -376,6 +382,7 @@ def main() -> int:
     cases += dropout_fp8_cases(passes)
     cases += decode_cases()
     cases += varlen_cases(passes)
+    cases += check_cases()
 
     if passes["fwd"].tuned.cache_results:
         print("compile-triton: FAILED the forward's autotuner caches to disk under "

@@ -251,10 +251,21 @@ def check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"Hq={q.shape[1]} is not a multiple of Hkv={k.shape[1]}")
 
 
-def _check_one_cu(cu: object, name: str, total: int, max_seqlen: object, device: torch.device) -> list[int]:
+def _check_one_cu(cu: object, name: str, max_seqlen: object, device: torch.device) -> torch.Tensor:
+    """One boundary tensor's structure: int32 on ``device``, 1-d of B + 1 >= 2 entries, its
+    ``max_seqlen`` a non-negative int."""
     cu = _index_tensor(cu, name, device)
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{name} must be 1-d of length B + 1 >= 2, got shape {tuple(cu.shape)}")
+    max_name = name.replace("cu_seqlens", "max_seqlen")
+    if not _is_int(max_seqlen):
+        raise TypeError(f"{max_name} must be an int, got {type(max_seqlen).__name__}")
+    if max_seqlen < 0:
+        raise ValueError(f"{max_name} must be >= 0, got {max_seqlen}")
+    return cu
+
+
+def _check_cu_values(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -> None:
     values = cu.tolist()
     if values[0] != 0:
         raise ValueError(f"{name} must start at 0, got {values[0]}")
@@ -263,12 +274,18 @@ def _check_one_cu(cu: object, name: str, total: int, max_seqlen: object, device:
         raise ValueError(f"{name} must be non-decreasing, got {values}")
     if values[-1] != total:
         raise ValueError(f"{name} must end at the number of packed tokens {total}, got {values[-1]}")
-    max_name = name.replace("cu_seqlens", "max_seqlen")
-    if not _is_int(max_seqlen):
-        raise TypeError(f"{max_name} must be an int, got {type(max_seqlen).__name__}")
     if max_seqlen < max(lengths):
+        max_name = name.replace("cu_seqlens", "max_seqlen")
         raise ValueError(f"{max_name}={max_seqlen} is below the longest sequence ({max(lengths)} tokens)")
-    return lengths
+
+
+def check_cu_values(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
+                    max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """The values :func:`check_cu_seqlens` checks with ``values=True``, read on the host: each
+    boundary tensor starts at 0, is non-decreasing and ends at its packed token count, and no
+    sequence is longer than its ``max_seqlen``."""
+    _check_cu_values(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q)
+    _check_cu_values(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k)
 
 
 def check_cu_seqlens(
@@ -279,18 +296,24 @@ def check_cu_seqlens(
     max_seqlen_q: object,
     max_seqlen_k: object,
     device: torch.device,
+    *,
+    values: bool = True,
 ) -> int:
     """Varlen boundaries: int32, length B + 1 (the same for q and k), starting at 0,
     non-decreasing, ending at the packed token counts; ``max_seqlen_q/k`` ints no shorter than
-    the longest sequence. Returns the number of sequences B."""
-    nq = _check_one_cu(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q, device)
-    nk = _check_one_cu(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k, device)
-    if len(nq) != len(nk):
+    the longest sequence. Returns the number of sequences B. ``values=False`` leaves the
+    boundaries' values (:func:`check_cu_values`) to a kernel that reads within bounds whatever
+    they are and checks them while its kernels run (``kernels.triton_checks``)."""
+    cu_q = _check_one_cu(cu_seqlens_q, "cu_seqlens_q", max_seqlen_q, device)
+    cu_k = _check_one_cu(cu_seqlens_k, "cu_seqlens_k", max_seqlen_k, device)
+    if cu_q.numel() != cu_k.numel():
         raise ValueError(
             "cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
-            f"got {len(nq) + 1} and {len(nk) + 1}"
+            f"got {cu_q.numel()} and {cu_k.numel()}"
         )
-    return len(nq)
+    if values:
+        check_cu_values(cu_q, cu_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
+    return cu_q.numel() - 1
 
 
 def check_varlen(
@@ -301,12 +324,15 @@ def check_varlen(
     cu_seqlens_k: object,
     max_seqlen_q: object,
     max_seqlen_k: object,
+    *,
+    values: bool = True,
 ) -> int:
     """A varlen call's packed tensors (:func:`check_packed`) and sequence boundaries
-    (:func:`check_cu_seqlens`); returns the number of sequences B."""
+    (:func:`check_cu_seqlens`, ``values`` as there); returns the number of sequences B."""
     check_packed(q, k, v)
     return check_cu_seqlens(
-        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device
+        cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k, q.device,
+        values=values,
     )
 
 
@@ -324,7 +350,7 @@ def check_cache(
     ``[0, num_pages)``; int32 ``cache_seqlens`` (B,) in ``[0, capacity]``. Returns the capacity
     (Ncache, or ``max_pages * page_size``). ``values=False`` leaves the entries' and lengths'
     ranges to :func:`check_cache_values`, which a kernel that reads any values within bounds may
-    run while its kernels run (``kernels.triton_decode.start_value_check``)."""
+    run while its kernels run (``kernels.triton_checks.start_cache_check``)."""
     if q.dim() != 4 or k_cache.dim() != 4 or v_cache.dim() != 4:
         raise ValueError(
             f"decode q and caches must be 4-d, got {q.dim()}, {k_cache.dim()}, {v_cache.dim()} dims"

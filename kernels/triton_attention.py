@@ -66,6 +66,7 @@ from flashprop.kernels.triton_attention_launch import (
     resolve_tiles,
     wide_rows,
 )
+from flashprop.kernels.triton_checks import start_cu_seqlens_check
 from torch import Tensor
 
 __all__ = [
@@ -115,11 +116,12 @@ def _check_varlen_inputs(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                          scale: float | None, block_m: int | None,
                          block_n: int | None) -> tuple[int, Tiles]:
     """:func:`_check_inputs` for packed (T, H, D) tensors and their sequence boundaries
-    (``contract.validate.check_varlen``); returns the number of sequences and the tiles,
-    chosen as for a dense problem of the longest sequences (``max_seqlen_q``, ``max_seqlen_k``).
-    Empty sequences, and packs of no query or no key at all, are legal."""
+    (``contract.validate.check_varlen``) but the boundaries' values, which the entry point checks
+    while its kernels run (``kernels.triton_checks``); returns the number of sequences and the
+    tiles, chosen as for a dense problem of the longest sequences (``max_seqlen_q``,
+    ``max_seqlen_k``). Empty sequences, and packs of no query or no key at all, are legal."""
     _check_tensors(q, k, v, "(T, H, D)")
-    count = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    count = check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, values=False)
     hq, d, dv = q.shape[1], q.shape[2], v.shape[2]
     if min(hq, d, dv) == 0:
         raise ValueError(f"empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, "
@@ -372,7 +374,8 @@ def _tile_map(cu_seqlens: Tensor, count: int, total: int) -> Tensor:
     map_len = triton.cdiv(total, TILE_SIZES[0]) + count
     tile_map = torch.empty((len(TILE_SIZES), 2, map_len), dtype=torch.int32, device=cu_seqlens.device)
     grid = (max(1, triton.cdiv(count, _MAP_CHUNK)), len(TILE_SIZES))
-    _pack_tile_map[grid](cu_seqlens, count, tile_map, map_len, CHUNK=_MAP_CHUNK, SORT_MAX=_MAP_SORT_MAX)
+    _pack_tile_map[grid](cu_seqlens, count, total, tile_map, map_len, CHUNK=_MAP_CHUNK,
+                         SORT_MAX=_MAP_SORT_MAX)
     return tile_map
 
 
@@ -510,7 +513,11 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          shapes=_FP8.descales)
     pack = _Pack(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), max_seqlen_q, max_seqlen_k,
                  count)
-    return _attend(q, k, v, var, descales, kw.causal, kw.scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
+    checked = start_cu_seqlens_check(pack.cu_q, pack.cu_k, q.shape[0], k.shape[0], max_seqlen_q,
+                                     max_seqlen_k)
+    out = _attend(q, k, v, var, descales, kw.causal, kw.scale, tiles, (max_seqlen_q, max_seqlen_k), pack)
+    checked()  # raises for malformed boundaries, which the kernels meanwhile read within bounds
+    return out
 
 
 def _attend(q: Tensor, k: Tensor, v: Tensor, var: Variants, descales: Descales | None, causal: bool,

@@ -465,35 +465,50 @@ def _query_tile_start(BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr):
 
 
 @triton.jit
-def _sequence(CuSeqQ, CuSeqK, off_b):
-    """Where sequence ``off_b`` of a pack (VARLEN) lies: (q_start, n_q, k_start, n_k), its first
-    query and key as 64-bit row indices of the packed tensors (``cu[off_b]``) and its lengths
-    (``cu[off_b + 1] - cu[off_b]``)."""
-    q_start = tl.load(CuSeqQ + off_b)
-    k_start = tl.load(CuSeqK + off_b)
-    n_q = tl.load(CuSeqQ + off_b + 1) - q_start
-    n_k = tl.load(CuSeqK + off_b + 1) - k_start
-    return q_start.to(tl.int64), n_q, k_start.to(tl.int64), n_k
+def _clamped(lo, hi, total):
+    """A sequence's boundaries ``lo = cu[s]``, ``hi = cu[s + 1]`` of a pack of ``total`` rows,
+    clamped to (start, end) with 0 <= start <= end <= total: unchanged for well-formed
+    boundaries; on the malformed ones that ``kernels.triton_checks`` refuses beside the kernels,
+    they keep every read within the packed tensors."""
+    start = tl.minimum(tl.maximum(lo, 0), total)
+    return start, tl.minimum(tl.maximum(hi, start), total)
 
 
 @triton.jit
-def _row_tiles(CuSeq, idx, count, bm):
-    """(N_s, cdiv(N_s, bm)): the rows (queries or keys, as ``CuSeq`` counts them) and tiles of
-    bm rows of sequences ``idx`` of a pack of ``count`` (0 past the pack)."""
+def _sequence(CuSeqQ, CuSeqK, off_b, N_Q, N_K):
+    """Where sequence ``off_b`` of a pack (VARLEN) of ``N_Q`` queries and ``N_K`` keys lies:
+    (q_start, n_q, k_start, n_k), its first query and key as 64-bit row indices of the packed
+    tensors (``cu[off_b]``) and its lengths (``cu[off_b + 1] - cu[off_b]``), clamped into the
+    pack (:func:`_clamped`)."""
+    q_start, q_end = _clamped(tl.load(CuSeqQ + off_b), tl.load(CuSeqQ + off_b + 1), N_Q)
+    k_start, k_end = _clamped(tl.load(CuSeqK + off_b), tl.load(CuSeqK + off_b + 1), N_K)
+    return q_start.to(tl.int64), q_end - q_start, k_start.to(tl.int64), k_end - k_start
+
+
+@triton.jit
+def _row_tiles(CuSeq, idx, count, total, bm):
+    """(N_s, cdiv(N_s, bm)): the rows (queries or keys, as ``CuSeq`` counts them, ``total`` in
+    all, clamped as :func:`_clamped`) and tiles of bm rows of sequences ``idx`` of a pack of
+    ``count`` (0 past the pack); the tiles as int64, whose sums over a pack cannot wrap."""
     ok = idx < count
-    n = tl.load(CuSeq + idx + 1, mask=ok, other=0) - tl.load(CuSeq + idx, mask=ok, other=0)
-    tiles = (n + bm - 1) // bm
-    return n, tiles
+    start, end = _clamped(tl.load(CuSeq + idx, mask=ok, other=0),
+                          tl.load(CuSeq + idx + 1, mask=ok, other=0), total)
+    n = end - start
+    return n, ((n + bm - 1) // bm).to(tl.int64)
 
 
 @triton.jit
-def _pack_tile_map(CuSeq, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MAX: tl.constexpr):
-    """The tile map of a pack of ``count`` sequences (VARLEN) over the rows ``CuSeq`` counts:
+def _pack_tile_map(CuSeq, count, total_rows, TileMap, map_len, CHUNK: tl.constexpr,
+                   SORT_MAX: tl.constexpr):
+    """The tile map of a pack of ``count`` sequences (VARLEN) over the ``total_rows`` rows
+    ``CuSeq`` counts:
     the queries (cu_seqlens_q: the forward's and dQ's tiles) or the keys (cu_seqlens_k: dK/dV's).
     Program (c, j) writes sequences c * CHUNK .. c * CHUNK + CHUNK - 1 into row j, for tiles of
     BM = 16 << j rows: two int32 vectors of ``map_len`` entries, TileMap[j, 0, t] the sequence of
     the pack's t-th tile and TileMap[j, 1, t] its index within the sequence; -1 past the last
-    tile (map_len >= cdiv(T, 16) + count bounds every row's tiles).
+    tile (map_len >= cdiv(T, 16) + count bounds every row's tiles). Every entry is written, and
+    within the map, whatever the boundaries hold (:func:`_clamped`: the passes then read
+    within the pack).
 
     Order: each sequence's cdiv(N_s, BM) tiles are consecutive; the sequences come longest first
     (ties in pack order) when count <= SORT_MAX, else in pack order. The passes run the map's
@@ -507,27 +522,27 @@ def _pack_tile_map(CuSeq, count, TileMap, map_len, CHUNK: tl.constexpr, SORT_MAX
     seq_row = TileMap + tl.program_id(1) * 2 * map_len
     tile_row = seq_row + map_len
     mine = tl.program_id(0) * CHUNK + tl.arange(0, CHUNK)
-    n, tiles = _row_tiles(CuSeq, mine, count, bm)
+    n, tiles = _row_tiles(CuSeq, mine, count, total_rows, bm)
     if count <= SORT_MAX:
-        first = tl.zeros([CHUNK], tl.int32)  # tiles of the sequences listed before each of mine
-        total = tl.full([], 0, tl.int32)
+        first = tl.zeros([CHUNK], tl.int64)  # tiles of the sequences listed before each of mine
+        total = tl.full([], 0, tl.int64)
         for other0 in range(0, count, CHUNK):
             other = other0 + tl.arange(0, CHUNK)
-            n_o, tiles_o = _row_tiles(CuSeq, other, count, bm)
+            n_o, tiles_o = _row_tiles(CuSeq, other, count, total_rows, bm)
             longer, tie = n_o[:, None] > n[None, :], n_o[:, None] == n[None, :]
             ahead = longer | (tie & (other[:, None] < mine[None, :]))
             first += tl.sum(tl.where(ahead, tiles_o[:, None], 0), 0)
             total += tl.sum(tiles_o, 0)
     else:
-        before = tl.full([], 0, tl.int32)  # tiles of the chunks before this one
+        before = tl.full([], 0, tl.int64)  # tiles of the chunks before this one
         for other0 in range(0, tl.program_id(0) * CHUNK, CHUNK):
-            before += tl.sum(_row_tiles(CuSeq, other0 + tl.arange(0, CHUNK), count, bm)[1], 0)
+            before += tl.sum(_row_tiles(CuSeq, other0 + tl.arange(0, CHUNK), count, total_rows, bm)[1], 0)
         first = before + tl.cumsum(tiles, 0) - tiles
         total = before + tl.sum(tiles, 0)  # the pack's tiles when this chunk is the last
     for k in range(0, tl.max(tiles, 0)):
-        listed = (k < tiles) & (first + k < map_len)  # the bound holds by construction
+        listed = (k < tiles) & (first + k < map_len)  # holds for well-formed boundaries
         tl.store(seq_row + first + k, mine, mask=listed)
-        tl.store(tile_row + first + k, tl.zeros_like(mine) + k, mask=listed)
+        tl.store(tile_row + first + k, (tl.zeros_like(mine) + k).to(tl.int32), mask=listed)
     if tl.program_id(0) == tl.num_programs(0) - 1:  # the last chunk: -1 past the pack's tiles
         for rest in range(total, map_len, CHUNK):
             t = rest + tl.arange(0, CHUNK)
@@ -778,7 +793,7 @@ def _attn_fwd(
         off_h = (off_bh % H_Q).to(tl.int64)
         off_hkv = off_h // GROUP
         if VARLEN:  # sequence off_b of the pack: its tokens from q_start and k_start
-            q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+            q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b, N_Q, N_K)
             if CAUSAL:  # the tiles that see the most keys first, as _query_tile_start
                 tile = tl.cdiv(n_q, BLOCK_M) - 1 - tile
             start_m = tile * BLOCK_M
@@ -1017,7 +1032,7 @@ def _attn_bwd_dkdv(
             return
         off_b = seq.to(tl.int64)
         off_hkv = head.to(tl.int64)
-        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b, N_Q, N_K)
         start_n = tile * BLOCK_N
     else:
         start_n = tl.program_id(0) * BLOCK_N
@@ -1196,7 +1211,7 @@ def _attn_bwd_dq(
             return
         off_b = seq.to(tl.int64)
         off_h = head.to(tl.int64)
-        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b)
+        q_start, n_q, k_start, n_k = _sequence(CuSeqQ, CuSeqK, off_b, N_Q, N_K)
         if CAUSAL:  # the tiles that see the most keys first, as _query_tile_start
             tile = tl.cdiv(n_q, BLOCK_M) - 1 - tile
         start_m = tile * BLOCK_M

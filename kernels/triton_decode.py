@@ -51,11 +51,11 @@ Conventions:
 * Only cache positions j < L_b are read, and only the block-table entries of their pages: the
   loads are masked (other = 0) and the loops stop at the length. Lengths are clamped into
   [0, capacity] and page indices into [0, num_pages) in the kernel, so no value of them reads
-  outside the tensors. So the values are checked while the kernels run (:func:`start_value_check`:
-  one small kernel on a side stream, enqueued before the launches and read on the host after
-  them; shapes and dtypes before it, ``check_decode``): the host waits for a few flags, not for
-  the decode. A malformed call raises and its outputs are dropped. A CUDA graph cannot capture a
-  call (the host reads the flags).
+  outside the tensors. So the values are checked while the kernels run
+  (``kernels.triton_checks.start_cache_check``: one small kernel on a side stream, enqueued
+  before the launches and read on the host after them; shapes and dtypes before it,
+  ``check_decode``): the host waits for a few flags, not for the decode. A malformed call raises
+  and its outputs are dropped. A CUDA graph cannot capture a call (the host reads the flags).
 * o (B, Nq, Hq, Dv) in the inputs' dtype; lse (B, Hq, Nq) natural log, float32 (float64 for
   float64 inputs); a row that sees no key gets o = 0, lse = -inf (with a sink: lse = z_h).
   Partials are kept in the accumulator dtype (float32; float64 for float64).
@@ -75,15 +75,13 @@ contiguous cache, six for a paged one (rounded down), while each run keeps a few
 Stages of this file:
   1. the partial kernel: one program per (split x row tile, kv head, batch element)
   2. the combine kernel: one program per output row
-  3. the value check kernel: lengths and block-table entries in range, on a side stream
-  4. host side: the split heuristic, tiles, input checks, the launches, ``kvcache``
+  3. host side: the split heuristic, tiles, input checks, the launches, ``kvcache``
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import torch
 import triton
@@ -93,7 +91,6 @@ from flashprop.contract.entry_points import KEYWORDS, Keywords, entry_point
 from flashprop.contract.fp8 import is_fp8
 from flashprop.contract.validate import (
     check_cache_scales,
-    check_cache_values,
     check_decode,
     check_variants,
 )
@@ -107,6 +104,7 @@ from flashprop.kernels.triton_attention_launch import (
     padded_head_dim,
     resolve_tiles,
 )
+from flashprop.kernels.triton_checks import start_cache_check
 from torch import Tensor
 
 # ---------------------------------------------------------------------------------------------
@@ -352,37 +350,7 @@ def _decode_combine(
 
 
 # ---------------------------------------------------------------------------------------------
-# Stage 3: the value check kernel
-# ---------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _out_of_range(X, n, cols, stride_r, stride_c, lo, hi, BLOCK: tl.constexpr):
-    """1 if any of the ``n`` entries of the (n // cols, cols) int32 tensor ``X`` lies outside
-    [lo, hi], else 0; this program's share: every programs-th block of ``BLOCK`` entries."""
-    bad = tl.zeros([BLOCK], dtype=tl.int32)
-    for start in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
-        idx = start + tl.arange(0, BLOCK)
-        ok = idx < n
-        addr = (idx // cols).to(tl.int64) * stride_r + (idx % cols).to(tl.int64) * stride_c
-        x = tl.load(X + addr, mask=ok, other=lo)
-        bad = bad | ((x < lo) | (x > hi)).to(tl.int32)
-    return tl.max(bad, axis=0)
-
-
-@triton.jit
-def _value_check(Lens, n_lens, stride_len, capacity, Table, n_table, cols, stride_tr, stride_tc,
-                 num_pages, Flags, BLOCK: tl.constexpr):
-    """Flags[program] = 1 if this program found a length outside [0, capacity] or a block-table
-    entry outside [0, num_pages), else 0. One launch for both tensors, so that the check is
-    one small kernel on the side stream (see :func:`start_value_check`)."""
-    bad = _out_of_range(Lens, n_lens, n_lens, 0, stride_len, 0, capacity, BLOCK)
-    bad = bad | _out_of_range(Table, n_table, cols, stride_tr, stride_tc, 0, num_pages - 1, BLOCK)
-    tl.store(Flags + tl.program_id(0), bad)
-
-
-# ---------------------------------------------------------------------------------------------
-# Stage 4: host side
+# Stage 3: host side
 # ---------------------------------------------------------------------------------------------
 
 #: What the entry point declares: ``attention.capabilities.kvcache`` of the dense module, the one
@@ -485,73 +453,6 @@ def _tiles(rows: int, d: int, dv: int, dtype: torch.dtype, block_m: int | None,
         tile //= 2
     stages = 3 if _smem_bytes(block_m_, tile, width, dtype.itemsize, 3) <= _SMEM_BUDGET else 1
     return block_m_, tile, 4, stages
-
-
-#: The value check's block of entries per step and its most programs (each reduces its share to
-#: one flag: 16 int32 flags for the host to read).
-_CHECK_BLOCK, _CHECK_PROGRAMS = 1024, 16
-
-
-@functools.cache
-def _check_stream(index: int) -> torch.cuda.Stream:
-    """The side stream the value checks of device ``index`` run on (one per device, of the highest
-    priority, so that the check's program is dispatched before the decode's blocks)."""
-    return torch.cuda.Stream(device=index, priority=-1)
-
-
-def start_value_check(k_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
-                      capacity: int) -> Callable[[], None]:
-    """Begin ``contract.validate.check_cache_values`` (lengths in [0, capacity], block-table
-    entries in [0, num_pages)) without a device synchronisation; the returned function ends it,
-    raising that function's ValueError for a malformed call.
-
-    Called before the decode's launches: on a GPU the side stream waits for what the current
-    stream has enqueued (whatever wrote the lengths and the table) and runs one :func:`_value_check`
-    program per 1,024 entries (at most 16), then copies the flags into pinned host memory; the
-    returned function waits for that copy alone. Enqueued ahead of the decode on a stream of the
-    highest priority, the check's programs are meant to be dispatched first when both become
-    ready, so that the host reads the flags early in the decode and can enqueue the next call
-    while the decode runs. (Session 35: the check as a chain of torch reductions enqueued after
-    the launches, each waiting for the one before, took a decode call 0.02-0.16 ms past the decode
-    on the H100's short rows; this version's timing: docs/results/2026-12-05-s36.md.) On the CPU the
-    function checks at once. A CUDA graph cannot capture a call (the host reads the flags): it
-    is refused with NotImplementedError."""
-    if cache_seqlens.device.type != "cuda":
-        return lambda: check_cache_values(k_cache, cache_seqlens, block_table, capacity)
-    if torch.cuda.is_current_stream_capturing():
-        raise NotImplementedError(
-            "a decode call checks cache_seqlens and block_table on the host, which a CUDA graph "
-            "cannot capture"
-        )
-    table = block_table if block_table is not None else cache_seqlens.view(1, -1)[:, :0]
-    entries = max(cache_seqlens.numel(), table.numel())
-    if entries == 0:
-        return lambda: None
-    programs = min(_CHECK_PROGRAMS, triton.cdiv(entries, _CHECK_BLOCK))
-    device = cache_seqlens.device
-    side = _check_stream(device.index if device.index is not None else torch.cuda.current_device())
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.device(device), torch.cuda.stream(side):
-        flags = torch.empty(programs, dtype=torch.int32, device=device)
-        _value_check[(programs,)](
-            cache_seqlens, cache_seqlens.numel(), cache_seqlens.stride(0), capacity,
-            table, table.numel(), table.shape[1], *table.stride(), k_cache.shape[0], flags,
-            BLOCK=_CHECK_BLOCK,
-        )
-        host = torch.empty(programs, dtype=torch.int32, pin_memory=True)
-        host.copy_(flags, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(side)
-    for t in (cache_seqlens, block_table):
-        if t is not None:
-            t.record_stream(side)  # the caller's tensors stay allocated until the check has read them
-
-    def finish() -> None:
-        copied.synchronize()
-        if bool(host.any()):
-            check_cache_values(k_cache, cache_seqlens, block_table, capacity)  # raises, with the message
-
-    return finish
 
 
 def _check_tensors(q: object, k_cache: object, v_cache: object, scale: float | None,
@@ -700,7 +601,7 @@ def kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, kw: Keywords) -> tuple[
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     o = torch.empty((b, nq, hq, dv), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, hq, nq), dtype=acc_dtype, device=q.device)
-    values_checked = start_value_check(k_cache, cache_seqlens, block_table, capacity)
+    values_checked = start_cache_check(k_cache, cache_seqlens, block_table, capacity)
     if o.numel() == 0 and lse.numel() == 0:
         values_checked()
         return o, lse

@@ -928,8 +928,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "triton_varlen_partial_tiles_dropped",
         TRITON_KERNELS,
-        "    tiles = (n + bm - 1) // bm\n",
-        "    tiles = n // bm\n",
+        "    return n, ((n + bm - 1) // bm).to(tl.int64)\n",
+        "    return n, (n // bm).to(tl.int64)\n",
         "varlen grid misses partial tiles",
         "The varlen forward's tile map counts each sequence's query tiles rounding down, so a "
         "sequence whose length is not a multiple of the tile gets no program for its last rows: "
