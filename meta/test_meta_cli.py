@@ -21,7 +21,7 @@ from flashprop.harness.failures import Failure
 from flashprop.harness.run_context import RunContext
 from flashprop.harness.strategies import Sizes, problems
 
-from flashprop.cli import main, property_names
+from flashprop.cli import _plugin_args, main, property_names
 
 pytestmark = pytest.mark.meta
 
@@ -130,7 +130,7 @@ def test_shrinking_is_bounded_and_says_when_it_was_cut(limit: float):
 def test_the_plugin_refuses_a_kernel_spec_naming_nothing(tmp_path: Path):
     """Plain pytest with a mistyped --kernel: a usage error naming it, no test run."""
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "flashprop.plugin", "-p", "no:cacheprovider", "--pyargs",
+        [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider", "--pyargs",
          "flashprop.properties.test_golden", "--kernel", "./typo.py:attn", "--device", "cpu"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
