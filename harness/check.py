@@ -564,6 +564,10 @@ def run_property(
         try:
             outcome = judged(kernel, problem) or "passed"
         except PropertyFailure as err:
+            # A stop signal that came during the example (GNU timeout signals the whole process
+            # group) may have caused the failure: a compiler child it killed fails the kernel's
+            # call (ptxas "error code -15"). The example is not counted: the property stops here.
+            run.campaign.stop_if_asked(tally.run)
             counted("failed", time.perf_counter() - start, err.brief)
             shrinking.failed(problem, err)
             raise

@@ -9,7 +9,9 @@ the tensors whatever the values: varlen boundaries are clamped into the pack
 (``triton_attention_kernels._clamped``). The property suite reaches these paths only on a GPU (on
 the CPU the entry points check on the host before launching), so here the check kernels run under
 the interpreter against ``check_cache_values`` / ``check_cu_values``, and the varlen tile map and
-sequence lookup against malformed boundaries.
+sequence lookup against malformed boundaries. (On a GPU, session 43 ran the varlen forward and
+backward on such packs with the check bypassed under compute-sanitizer's memcheck, an H100: no
+access outside the tensors; docs/results/2026-12-06-s43.md.)
 """
 
 from __future__ import annotations
@@ -163,16 +165,6 @@ def test_cu_seqlens_check_flags_exactly_what_the_host_check_refuses(case, stride
     assert bool(flags.any()) == _refuses(check_cu_values, q, k, tq, tk, mq, mk), flags
 
 
-def _tile_map(cu: list[int], total: int, chunk: int, sort_max: int) -> tuple[torch.Tensor, int]:
-    count = len(cu) - 1
-    map_len = triton.cdiv(total, 16) + count
-    tile_map = torch.full((4, 2, map_len), -7, dtype=torch.int32)  # -7: never written
-    grid = (max(1, triton.cdiv(count, chunk)), 4)
-    tak._pack_tile_map[grid](torch.tensor(cu, dtype=torch.int32), count, total, tile_map, map_len,
-                             CHUNK=chunk, SORT_MAX=sort_max)
-    return tile_map, count
-
-
 def _clamped(cu: list[int], total: int) -> list[int]:
     """Each sequence's length as the kernels clamp its boundaries into [0, total]."""
     out = []
@@ -193,15 +185,20 @@ _MALFORMED_PACKS = [
 
 @pytest.mark.parametrize("sort", [True, False], ids=["sorted", "pack-order"])
 @pytest.mark.parametrize("case", _MALFORMED_PACKS, ids=[c[0] for c in _MALFORMED_PACKS])
-def test_the_tile_map_stays_within_itself_and_the_pack_on_any_boundaries(case, sort: bool) -> None:
+def test_the_tile_map_stays_within_itself_and_the_pack_on_any_boundaries(
+        case, sort: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the boundaries, every entry of the tile map is written, and each names a sequence
     of the pack and a tile within that sequence's clamped rows, or is -1 (past the pack's tiles);
     the passes reading it then read within the pack. On well-formed boundaries it lists every
     tile exactly once."""
+    from flashprop.kernels import triton_attention
+
     _, cu = case
-    tile_map, count = _tile_map(cu, _T, chunk=4, sort_max=1 << 20 if sort else 0)
+    if not sort:  # a pack past the sort limit keeps its order
+        monkeypatch.setattr(triton_attention, "_MAP_SORT_MAX", 0)
+    count = len(cu) - 1
+    tile_map = triton_attention._tile_map(torch.tensor(cu, dtype=torch.int32), count, _T)
     lengths = _clamped(cu, _T)
-    map_len = tile_map.shape[-1]
     for row in range(4):
         bm = 16 << row
         seqs, tiles = tile_map[row].tolist()
@@ -211,7 +208,7 @@ def test_the_tile_map_stays_within_itself_and_the_pack_on_any_boundaries(case, s
             listed.add((s, t))
         if case[0] == "well-formed":
             every = {(s, t) for s in range(count) for t in range(-(-lengths[s] // bm))}
-            assert listed - {(-1, -1)} == every and len(every) <= map_len
+            assert listed - {(-1, -1)} == every and len(every) <= tile_map.shape[-1]
 
 
 @triton.jit

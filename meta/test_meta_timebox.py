@@ -125,3 +125,42 @@ def test_a_signal_lost_in_a_finalizer_still_stops_the_run(tmp_path: Path):
     assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout + run.stderr
     row = next(line for line in run.stdout.splitlines() if "lost.py:attn  forward" in line)
     assert row.split()[2] == "1", run.stdout  # run: the example that lost the signal, no other
+
+
+SIGNAL_KILLS_A_COMPILER = textwrap.dedent("""
+    import os
+    import signal
+
+    from flashprop import Capabilities
+    from flashprop.refimpl.blocked import attention
+
+    CALLS = [0]
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        CALLS[0] += 1
+        if CALLS[0] == 3:
+            os.killpg(os.getpgrp(), signal.SIGTERM)  # GNU timeout signals the whole group ...
+            raise RuntimeError("PTXAS error: ptxas failed with error code -15")  # ... its compiler too
+        return attention(q, k, v, causal=causal, scale=scale)
+
+
+    attn.capabilities = Capabilities(backward=False, devices=frozenset({"cpu"}))
+""")
+
+
+def test_a_call_the_stop_signal_broke_is_not_a_failure(tmp_path: Path):
+    """An xdist worker whose kernel call fails because the stop signal (GNU timeout's, to the
+    whole process group) also killed the compiler the call was waiting for: the run stops there
+    with its table, the example not counted and no failure reported. (Session 43, on an H100: a
+    ptxas killed by the signal was reported as the kernel's failure.)"""
+    (tmp_path / "sig.py").write_text(SIGNAL_KILLS_A_COMPILER)
+    cmd = [part for part in RUN if part not in ("--kernel", "ref-blocked")]
+    run = subprocess.run([*cmd, "--kernel", f"{tmp_path}/sig.py:attn", "--max-examples", "200", "-n", "1",
+                          "properties/test_golden.py::test_forward_matches_golden"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, start_new_session=True)
+    assert run.returncode == pytest.ExitCode.INTERRUPTED, run.stdout + run.stderr
+    assert "stopped by signal 15" in run.stdout, run.stdout
+    assert "failures by cause" not in run.stdout and "error code -15" not in run.stdout, run.stdout
+    row = next(line for line in run.stdout.splitlines() if "sig.py:attn  forward" in line)
+    assert row.split()[4] == "0", run.stdout  # failed
