@@ -501,8 +501,8 @@ def _row_tiles(CuSeq, idx, count, total, bm):
 def _pack_tile_map(CuSeq, count, total_rows, TileMap, map_len, CHUNK: tl.constexpr,
                    SORT_MAX: tl.constexpr):
     """The tile map of a pack of ``count`` sequences (VARLEN) over the ``total_rows`` rows
-    ``CuSeq`` counts:
-    the queries (cu_seqlens_q: the forward's and dQ's tiles) or the keys (cu_seqlens_k: dK/dV's).
+    ``CuSeq`` counts: the queries (cu_seqlens_q: the forward's and dQ's tiles) or the keys
+    (cu_seqlens_k: dK/dV's).
     Program (c, j) writes sequences c * CHUNK .. c * CHUNK + CHUNK - 1 into row j, for tiles of
     BM = 16 << j rows: two int32 vectors of ``map_len`` entries, TileMap[j, 0, t] the sequence of
     the pack's t-th tile and TileMap[j, 1, t] its index within the sequence; -1 past the last

@@ -115,17 +115,18 @@ def _check_stream(index: int) -> torch.cuda.Stream:
 
 
 def _start(inputs: tuple[Tensor, ...], entries: int, launch: Callable[[int, Tensor], None],
-           host_check: Callable[[], None], what: str) -> Callable[[], None]:
+           host_check: Callable[[], None], checked: str) -> Callable[[], None]:
     """Steps 1 and 3 of the module docstring for ``inputs`` (their largest has ``entries``
     entries): ``launch(programs, flags)`` enqueues the check kernel on the side stream; the
-    returned function waits for the flags and runs ``host_check`` (which raises) when one is set."""
+    returned function waits for the flags and runs ``host_check`` (which raises) when one is set.
+    ``checked`` (e.g. "decode call checks cache_seqlens and block_table") words the refusal of a
+    CUDA graph capture."""
     device = inputs[0].device
     if device.type != "cuda":
         host_check()
         return lambda: None
     if torch.cuda.is_current_stream_capturing():
-        raise NotImplementedError(f"a {what} call checks its {', '.join(_NAMES[what])} on the host, "
-                                  "which a CUDA graph cannot capture")
+        raise NotImplementedError(f"a {checked} on the host, which a CUDA graph cannot capture")
     if entries == 0:
         return lambda: None
     programs = min(CHECK_PROGRAMS, triton.cdiv(entries, CHECK_BLOCK))
@@ -149,9 +150,6 @@ def _start(inputs: tuple[Tensor, ...], entries: int, launch: Callable[[int, Tens
     return finish
 
 
-#: What each kind of call checks, for the CUDA-graph refusal's message.
-_NAMES = {"decode": ("cache_seqlens", "block_table"), "varlen": ("cu_seqlens_q", "cu_seqlens_k")}
-
 
 def start_cache_check(k_cache: Tensor, cache_seqlens: Tensor, block_table: Tensor | None,
                       capacity: int) -> Callable[[], None]:
@@ -171,7 +169,8 @@ def start_cache_check(k_cache: Tensor, cache_seqlens: Tensor, block_table: Tenso
 
     inputs = (cache_seqlens,) if block_table is None else (cache_seqlens, block_table)
     return _start(inputs, max(cache_seqlens.numel(), table.numel()), launch,
-                  lambda: check_cache_values(k_cache, cache_seqlens, block_table, capacity), "decode")
+                  lambda: check_cache_values(k_cache, cache_seqlens, block_table, capacity),
+                  "decode call checks cache_seqlens and block_table")
 
 
 def start_cu_seqlens_check(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: int, total_k: int,
@@ -191,4 +190,5 @@ def start_cu_seqlens_check(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, total_q: 
     def host_check() -> None:
         check_cu_values(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_seqlen_q, max_seqlen_k)
 
-    return _start((cu_seqlens_q, cu_seqlens_k), cu_seqlens_q.numel(), launch, host_check, "varlen")
+    return _start((cu_seqlens_q, cu_seqlens_k), cu_seqlens_q.numel(), launch, host_check,
+                  "varlen call checks cu_seqlens_q and cu_seqlens_k")
