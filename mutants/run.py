@@ -12,10 +12,11 @@
 3. A table (mutant, class, caught, property, examples, seconds, problem) is printed and, with
    ``--out``, written as markdown. Exit status 1 if a correct kernel fails or a mutant survives.
 
-In the default ``tox`` run the ``py`` environment has just run the same CI-profile suite on the
-correct kernels; it leaves a pass record (``--write-pass-record``), and ``--baseline-record``
-takes the baseline from it instead of running it twice, provided the record is newer than every
-source file and names every correct kernel. ``tox -e mutants`` alone runs the baseline.
+The default ``tox`` run's ``py`` environment runs the same CI-profile suite on the correct
+kernels and leaves a pass record (``--write-pass-record``); ``tox -e mutants`` after it (as CI's
+``.ci/run`` does) takes the baseline from that record instead of running it twice, provided the
+record is newer than every source file and names every correct kernel. Without a current record
+``tox -e mutants`` runs the baseline itself.
 
 Property files run cheapest and most discriminating first (:data:`FIRST`), gradcheck and the
 error contract last (slow, or blind to wrong arithmetic), so that time to catch stays low.
