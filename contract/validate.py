@@ -251,13 +251,13 @@ def check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError(f"Hq={q.shape[1]} is not a multiple of Hkv={k.shape[1]}")
 
 
-def _check_one_cu(cu: object, name: str, max_seqlen: object, device: torch.device) -> torch.Tensor:
-    """One boundary tensor's structure: int32 on ``device``, 1-d of B + 1 >= 2 entries, its
-    ``max_seqlen`` a non-negative int."""
+def _check_one_cu(cu: object, side: str, max_seqlen: object, device: torch.device) -> torch.Tensor:
+    """One boundary tensor's structure (``cu_seqlens_{side}``, side q or k): int32 on ``device``,
+    1-d of B + 1 >= 2 entries, its ``max_seqlen_{side}`` a non-negative int."""
+    name, max_name = f"cu_seqlens_{side}", f"max_seqlen_{side}"
     cu = _index_tensor(cu, name, device)
     if cu.dim() != 1 or cu.numel() < 2:
         raise ValueError(f"{name} must be 1-d of length B + 1 >= 2, got shape {tuple(cu.shape)}")
-    max_name = name.replace("cu_seqlens", "max_seqlen")
     if not _is_int(max_seqlen):
         raise TypeError(f"{max_name} must be an int, got {type(max_seqlen).__name__}")
     if max_seqlen < 0:
@@ -265,7 +265,8 @@ def _check_one_cu(cu: object, name: str, max_seqlen: object, device: torch.devic
     return cu
 
 
-def _check_cu_values(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -> None:
+def _check_cu_values(cu: torch.Tensor, side: str, total: int, max_seqlen: int) -> None:
+    name = f"cu_seqlens_{side}"
     values = cu.tolist()
     if values[0] != 0:
         raise ValueError(f"{name} must start at 0, got {values[0]}")
@@ -275,8 +276,8 @@ def _check_cu_values(cu: torch.Tensor, name: str, total: int, max_seqlen: int) -
     if values[-1] != total:
         raise ValueError(f"{name} must end at the number of packed tokens {total}, got {values[-1]}")
     if max_seqlen < max(lengths):
-        max_name = name.replace("cu_seqlens", "max_seqlen")
-        raise ValueError(f"{max_name}={max_seqlen} is below the longest sequence ({max(lengths)} tokens)")
+        raise ValueError(f"max_seqlen_{side}={max_seqlen} is below the longest sequence "
+                         f"({max(lengths)} tokens)")
 
 
 def check_cu_values(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
@@ -284,8 +285,8 @@ def check_cu_values(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, tota
     """The values :func:`check_cu_seqlens` checks with ``values=True``, read on the host: each
     boundary tensor starts at 0, is non-decreasing and ends at its packed token count, and no
     sequence is longer than its ``max_seqlen``."""
-    _check_cu_values(cu_seqlens_q, "cu_seqlens_q", total_q, max_seqlen_q)
-    _check_cu_values(cu_seqlens_k, "cu_seqlens_k", total_k, max_seqlen_k)
+    _check_cu_values(cu_seqlens_q, "q", total_q, max_seqlen_q)
+    _check_cu_values(cu_seqlens_k, "k", total_k, max_seqlen_k)
 
 
 def check_cu_seqlens(
@@ -304,8 +305,8 @@ def check_cu_seqlens(
     the longest sequence. Returns the number of sequences B. ``values=False`` leaves the
     boundaries' values (:func:`check_cu_values`) to a kernel that reads within bounds whatever
     they are and checks them while its kernels run (``kernels.triton_checks``)."""
-    cu_q = _check_one_cu(cu_seqlens_q, "cu_seqlens_q", max_seqlen_q, device)
-    cu_k = _check_one_cu(cu_seqlens_k, "cu_seqlens_k", max_seqlen_k, device)
+    cu_q = _check_one_cu(cu_seqlens_q, "q", max_seqlen_q, device)
+    cu_k = _check_one_cu(cu_seqlens_k, "k", max_seqlen_k, device)
     if cu_q.numel() != cu_k.numel():
         raise ValueError(
             "cu_seqlens_q and cu_seqlens_k must have the same length B + 1, "
