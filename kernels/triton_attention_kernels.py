@@ -181,9 +181,48 @@ def _skip_repatching_in_helpers() -> None:
     interpreter.InterpretedFunction.__call__ = call
 
 
+#: Free slots (8 bytes each) of CPython's frame data stack that an interpreted launch starts
+#: with: far more than the interpreter's deepest call chain within a kernel uses.
+_LAUNCH_STACK_SLOTS = 8192
+
+
+def _launch_with_stack_room() -> None:
+    """Run each interpreted launch in a fresh chunk of CPython's frame data stack, so that the
+    interpreter's calls never cross a chunk's end.
+
+    CPython (3.11 on) keeps frames on a stack of 16 KiB chunks; a call that does not fit the
+    current chunk maps a new one, and its return unmaps it (``_PyThreadState_BumpFramePointerSlow``,
+    ``_PyThreadState_PopFrame``). Under pytest and Hypothesis a launch starts some way into a
+    chunk, and the interpreter's calls for every ``tl`` operation cross its end and back, each
+    time an mmap, four page faults and a munmap: the varlen-isolation property's 10 CI examples
+    took 75 s, 32 s of them in the kernel (system time), with 3.9 million page faults (perf:
+    98% in ``_PyThreadState_BumpFramePointerSlow``). A frame of ``_LAUNCH_STACK_SLOTS``
+    locals that are never bound is too big for the current chunk, so CPython maps one of twice
+    its size for it (128 KiB); the launch runs in that frame's call and its calls in the other
+    half: 31 s, 0.5 s of it system time. What the launch computes is unchanged."""
+    from triton.runtime import interpreter
+
+    original = interpreter.GridExecutor.__call__
+    if getattr(original, "_flashprop_room", False):
+        return
+    unbound = " = ".join(f"_{i}" for i in range(_LAUNCH_STACK_SLOTS))
+    source = f"def roomy(call, args, kwargs):\n    if False:\n        {unbound} = None\n" \
+             "    return call(*args, **kwargs)\n"
+    scope: dict = {}
+    exec(compile(source, "<flashprop launch frame>", "exec"), scope)
+    roomy = scope["roomy"]
+
+    def call(self, *args, **kwargs):
+        return roomy(original, (self, *args), kwargs)
+
+    call._flashprop_room = True
+    interpreter.GridExecutor.__call__ = call
+
+
 if INTERPRET:
     _fix_interpreter_index_for_numpy_2_4()
     _skip_repatching_in_helpers()
+    _launch_with_stack_room()
 
 # ---------------------------------------------------------------------------------------------
 # Stage 1: tile helpers
