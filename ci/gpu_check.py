@@ -14,7 +14,9 @@ Phases, in this order, those that ``--phases`` / ``FLASHPROP_GPU_PHASES`` names
   the other kernels' runs. ``NAME@N``: N examples per property (times its weight).
 - ``fuzz``: the ``fuzz`` profile on each fuzz kernel, one pytest-xdist run per kernel, each
   property test split into FLASHPROP_GPU_FUZZ_SPLIT shards of distinct Hypothesis seeds, so the
-  workers fuzz one property in different parts of the space (``ci/gpu_runs.py``). With
+  workers fuzz one property in different parts of the space (``ci/gpu_runs.py``); with
+  FLASHPROP_GPU_FUZZ_TIME each run is time-boxed (flashprop's ``--time``: every property test
+  gets its share, so a short call advances all of them). With
   ``FLASHPROP_GPU_STATE`` the calls add up: each takes seeds no earlier call ran, and the report
   adds the table of every call (a campaign longer than one device call, or spread over machines
   that carry the folder along).

@@ -87,8 +87,9 @@ def property_runs(cfg: Config) -> list[Run]:
 
 def fuzz_runs(cfg: Config, base: int) -> list[Run]:
     """One run per fuzz kernel: the fuzz profile, each property test in ``fuzz_split`` shards
-    with seeds ``base .. base + fuzz_split - 1``."""
+    with seeds ``base .. base + fuzz_split - 1``, in the time box ``fuzz_time`` when one is set."""
     shards = ["--shards", str(cfg.fuzz_split), "--hypothesis-seed", str(base)]
+    shards += ["--time", cfg.fuzz_time] if cfg.fuzz_time else []
     return [Run("fuzz", kernel, [*property_args([kernel], profile="fuzz", targets=cfg.files,
                                                 device=cfg.device, max_examples=cfg.fuzz_examples), *shards],
                 (base, base + cfg.fuzz_split - 1))

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashprop.contract.registry import GPU_BENCH_KERNELS, GPU_FUZZ_KERNELS, GPU_PROPERTY_KERNELS
+from flashprop.harness.timebox import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Kernels whose property runs take fewer examples by default: Flex compiles each problem's
@@ -32,6 +33,10 @@ SETTINGS = (
      "examples per property in this call's fuzz run (times its weight), over all its shards"),
     ("fuzz_split", "FLASHPROP_GPU_FUZZ_SPLIT", "4",
      "shards per property test in the fuzz phase, each with its own Hypothesis seed"),
+    ("fuzz_time", "FLASHPROP_GPU_FUZZ_TIME", "",
+     "time box of each fuzz run (600, 10m: flashprop's --time): every property test gets its share "
+     "and passes with the examples it ran, so a call shorter than the counts advances every "
+     "property, not only the first the workers took; default: none, each test runs to its count"),
     ("fuzz_seed", "FLASHPROP_GPU_FUZZ_SEED", "",
      "seed of the first shard (the others follow it); default: with a state folder the first seed "
      "none of its calls ran (0 in a new one), else a random one"),
@@ -95,6 +100,7 @@ class Config:
     fuzz_kernels: list[str]
     fuzz_examples: int
     fuzz_split: int
+    fuzz_time: str
     fuzz_seed: int | None
     jobs: int
     ids: list[str]
@@ -147,7 +153,7 @@ class Config:
             kernels=[parse_kernel(spec) for spec in raw["kernels"].split()], profile=raw["profile"],
             files=raw["files"].split(), fuzz_kernels=raw["fuzz_kernels"].split(),
             fuzz_examples=_number(raw, "fuzz_examples", int, 1),
-            fuzz_split=_number(raw, "fuzz_split", int, 1),
+            fuzz_split=_number(raw, "fuzz_split", int, 1), fuzz_time=_duration(raw, "fuzz_time"),
             fuzz_seed=_number(raw, "fuzz_seed", int, 0) if raw["fuzz_seed"] else None,
             jobs=_number(raw, "jobs", int, 1) if raw["jobs"] else os.cpu_count() or 1,
             ids=ids, ids_given=bool(raw["ids"]), bench_kernels=raw["bench_kernels"],
@@ -170,6 +176,19 @@ def _number(raw: dict[str, str], name: str, kind: type, least: int) -> int | flo
     if value < least:
         raise SettingError(f"--{name.replace('_', '-')} / {variable}: at least {least}, not {value}")
     return value
+
+
+def _duration(raw: dict[str, str], name: str) -> str:
+    """Setting ``name``: a duration flashprop's ``--time`` takes (``harness.timebox.parse_duration``),
+    or "" (none)."""
+    text = raw[name].strip()
+    if text:
+        try:
+            parse_duration(text)
+        except ValueError as err:
+            variable = next(v for n, v, _, _ in SETTINGS if n == name)
+            raise SettingError(f"--{name.replace('_', '-')} / {variable}: {err}") from None
+    return text
 
 
 def parse_kernel(spec: str) -> tuple[str, int | None]:

@@ -72,6 +72,7 @@ def test_settings_flags_over_environment_and_refusals(tmp_path: Path):
                        ({"FLASHPROP_GPU_KERNELS": "triton@many"}, "NAME@N"),
                        ({"FLASHPROP_GPU_PHASES": "properties lint"}, "unknown phases"),
                        ({"FLASHPROP_GPU_BENCH_CHUNKS": "d64-bf16"}, "benchmark chunks"),
+                       ({"FLASHPROP_GPU_FUZZ_TIME": "soon"}, "FUZZ_TIME: not a duration"),
                        ({"FLASHPROP_GPU_FUZZ_ONLY": "cuda.test_golden.7"}, "FUZZ_ONLY is gone")]:
         with pytest.raises(SettingError, match=match):
             config(tmp_path, **bad)
@@ -88,6 +89,9 @@ def test_one_run_per_kernel_with_its_examples_and_the_fuzz_shards_seeds(tmp_path
     assert fuzz[0].args[fuzz[0].args.index("--shards") + 1] == "3"
     assert fuzz[0].args[fuzz[0].args.index("--max-examples") + 1] == "300"
     assert fuzz[0].args[fuzz[0].args.index("--hypothesis-seed") + 1] == "7"
+    assert "--time" not in fuzz[0].args  # no time box unless asked: each test runs to its count
+    boxed = gpu_runs.fuzz_runs(config(tmp_path, "--fuzz-time", "7m"), base=0)
+    assert boxed[0].args[-2:] == ["--time", "7m"]
     tally = tmp_path / "t.json"
     command = gpu_runs.pytest_command(cfg, runs[0], tally)
     assert command[command.index("-n"):][:4] == ["-n", "2", "--dist", "load"] and str(tally) in command
@@ -203,8 +207,8 @@ def test_benchmark_chunks_past_the_deadline_are_reported_not_run(tmp_path: Path)
 
 def test_fuzz_calls_add_up_with_distinct_seeds_and_a_wrong_kernel_fails(tmp_path: Path, monkeypatch):
     """Call 1: the fuzz run of sdpa-math over 2 xdist workers, one shard each (seeds 0 and 1),
-    tallies merged. Call 2, one process: seeds 2 and 3 (fresh), the table of both calls adds up;
-    its property run of a wrong kernel fails with the problem, replayed once."""
+    tallies merged. Call 2, one process, in a time box: seeds 2 and 3 (fresh), the table of both
+    calls adds up; its property run of a wrong kernel fails with the problem, replayed once."""
     monkeypatch.setattr(gpu_check, "sources_hash", lambda: "sources")  # the tree may change meanwhile
     state = tmp_path / "state"
     fuzz = ["--fuzz-kernels", "sdpa-math", "--fuzz-examples", "4", "--fuzz-split", "2", "--state", str(state)]
@@ -216,13 +220,13 @@ def test_fuzz_calls_add_up_with_distinct_seeds_and_a_wrong_kernel_fails(tmp_path
     kernel = tmp_path / "wrong.py"
     kernel.write_text(WRONG_KERNEL)
     code, report = call(tmp_path / "b", "--phases", "properties fuzz", "--kernels", f"{kernel}:attn@10",
-                        *fuzz, FLASHPROP_GPU_JOBS="1", FLASHPROP_GPU_REPLAYS="1")
+                        *fuzz, "--fuzz-time", "5m", FLASHPROP_GPU_JOBS="1", FLASHPROP_GPU_REPLAYS="1")
     assert code == 1, report
     assert "| properties | 1 |" in report and "| fuzz | 0 |" in report
     assert "property 'forward' failed" in report and "repro (a Python script" in report
     assert "forward: reproduces (1 of 1 failed: failed)" in report
     this_call, every_call = report.split("## fuzz:")[1].split("every fuzz call")
-    assert "--hypothesis-seed 2" in (tmp_path / "b" / "fuzz.log").read_text()
+    assert "--hypothesis-seed 2 --time 5m" in (tmp_path / "b" / "fuzz.log").read_text()
     assert ("sdpa-math", "forward", "4") in table_rows(this_call)
     assert ("sdpa-math", "forward", "8") in table_rows(every_call)
     assert "(runs: 2, passed: 2, failed or cut off: 0; seeds 0..1, 2..3)" in every_call
