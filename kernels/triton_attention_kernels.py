@@ -112,45 +112,22 @@ pointer loads. ``FLASHPROP_TRITON_TMA=0`` forces the pointer loads everywhere (t
 
 CPU: under ``TRITON_INTERPRET=1`` (read when this module is imported, as Triton does) the same
 kernels run in Triton's interpreter on CPU tensors. The interpreter multiplies bf16 bit patterns
-in ``tl.dot`` (triton issue 11584), so bf16 is refused there. Two changes to the interpreter
-are made at import: numpy >= 2.4's scalar conversion (:func:`_fix_interpreter_index_for_numpy_2_4`)
-and no re-patching in this module's helpers (:func:`_skip_repatching_in_helpers`).
+in ``tl.dot`` (triton issue 11584), so bf16 is refused there. At import the interpreter gets
+the fixes every interpreted kernel gains (``triton_interpreter.apply_interpreter_fixes``: numpy
+>= 2.4's scalar conversion, room on CPython's frame stack for each launch) and one for this
+module's helpers: no re-patching in them (:func:`_skip_repatching_in_helpers`).
 """
 
 import os
 
 import triton
 import triton.language as tl
+from flashprop.kernels.triton_interpreter import apply_interpreter_fixes
 
 #: Whether the kernels below are Triton-interpreted (CPU tensors) or compiled (CUDA tensors).
 #: ``triton.jit`` makes this choice when the decorated function is defined, i.e. at import.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERPRETED = tl.constexpr(INTERPRET)  # the same, as the kernels read it
-
-def _fix_interpreter_index_for_numpy_2_4() -> None:
-    """Triton 3.6's interpreter turns a scalar into a Python int with ``int(array_of_shape_1)``,
-    which numpy >= 2.4 refuses ("only 0-dimensional arrays can be converted to Python scalars"),
-    so every loop with a runtime bound fails (triton issue 9171, fixed upstream by PR 9172).
-    Apply the upstream fix (squeeze first) when running interpreted on such a numpy."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    try:
-        int(np.ones(1, dtype=np.int32))
-        return  # numpy < 2.4: nothing to fix
-    except TypeError:
-        pass
-    original = interpreter._patch_lang_tensor
-    if getattr(original, "_flashprop_fixed", False):
-        return
-
-    def patch_lang_tensor(tensor, scope) -> None:
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patch_lang_tensor._flashprop_fixed = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
-
 
 def _skip_repatching_in_helpers() -> None:
     """Triton's interpreter patches ``triton.language`` for itself (``_patch_lang``:
@@ -181,48 +158,9 @@ def _skip_repatching_in_helpers() -> None:
     interpreter.InterpretedFunction.__call__ = call
 
 
-#: Free slots (8 bytes each) of CPython's frame data stack that an interpreted launch starts
-#: with: far more than the interpreter's deepest call chain within a kernel uses.
-_LAUNCH_STACK_SLOTS = 8192
-
-
-def _launch_with_stack_room() -> None:
-    """Run each interpreted launch in a fresh chunk of CPython's frame data stack, so that the
-    interpreter's calls never cross a chunk's end.
-
-    CPython (3.11 on) keeps frames on a stack of 16 KiB chunks; a call that does not fit the
-    current chunk maps a new one, and its return unmaps it (``_PyThreadState_BumpFramePointerSlow``,
-    ``_PyThreadState_PopFrame``). Under pytest and Hypothesis a launch starts some way into a
-    chunk, and the interpreter's calls for every ``tl`` operation cross its end and back, each
-    time an mmap, four page faults and a munmap: the varlen-isolation property's 10 CI examples
-    took 75 s, 32 s of them in the kernel (system time), with 3.9 million page faults (perf:
-    98% in ``_PyThreadState_BumpFramePointerSlow``). A frame of ``_LAUNCH_STACK_SLOTS``
-    locals that are never bound is too big for the current chunk, so CPython maps one of twice
-    its size for it (128 KiB); the launch runs in that frame's call and its calls in the other
-    half: 31 s, 0.5 s of it system time. What the launch computes is unchanged."""
-    from triton.runtime import interpreter
-
-    original = interpreter.GridExecutor.__call__
-    if getattr(original, "_flashprop_room", False):
-        return
-    unbound = " = ".join(f"_{i}" for i in range(_LAUNCH_STACK_SLOTS))
-    source = f"def roomy(call, args, kwargs):\n    if False:\n        {unbound} = None\n" \
-             "    return call(*args, **kwargs)\n"
-    scope: dict = {}
-    exec(compile(source, "<flashprop launch frame>", "exec"), scope)
-    roomy = scope["roomy"]
-
-    def call(self, *args, **kwargs):
-        return roomy(original, (self, *args), kwargs)
-
-    call._flashprop_room = True
-    interpreter.GridExecutor.__call__ = call
-
-
 if INTERPRET:
-    _fix_interpreter_index_for_numpy_2_4()
+    apply_interpreter_fixes()
     _skip_repatching_in_helpers()
-    _launch_with_stack_room()
 
 # ---------------------------------------------------------------------------------------------
 # Stage 1: tile helpers
