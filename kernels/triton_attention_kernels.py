@@ -129,6 +129,7 @@ from flashprop.kernels.triton_interpreter import apply_interpreter_fixes
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 _INTERPRETED = tl.constexpr(INTERPRET)  # the same, as the kernels read it
 
+
 def _skip_repatching_in_helpers() -> None:
     """Triton's interpreter patches ``triton.language`` for itself (``_patch_lang``:
     ``inspect.getmembers`` over four modules) when a kernel is launched, and again at every call
