@@ -7,7 +7,9 @@ against; ``registry.py``: kernels by name or spec (``load_kernel``, ``Kernel``, 
 the errors the contract names; ``masks.py``: which keys a query sees (causal alignment, the
 window) and the score mods (softcap, ALiBi), which the references and the mask-based adapters
 apply; ``entry_points.py``: the three entry points' signatures, written
-once (``@entry_point("varlen", keywords=(...))`` gives flashprop's own adapters theirs).
+once (``@entry_point("varlen", keywords=(...))`` gives flashprop's own adapters theirs);
+``triton_interpreter.py``: what a Triton kernel's CPU run under ``TRITON_INTERPRET=1`` gets here
+(two fixes to the interpreter, applied by the Triton kernels and the pytest plugin).
 
 To add a kernel adapter:
 

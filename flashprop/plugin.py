@@ -210,11 +210,11 @@ def _device(config: pytest.Config) -> str:
 @pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def _fix_triton_interpreter() -> None:
     """Under ``TRITON_INTERPRET=1`` every interpreted kernel of the run, a kernel author's own
-    included, gets the interpreter's fixes (``kernels/triton_interpreter.py``): numpy >= 2.4's
+    included, gets the interpreter's fixes (``contract/triton_interpreter.py``): numpy >= 2.4's
     scalar conversion, and room on CPython's frame stack for each launch, which about halves
     the time of a kernel's interpreted calls under pytest. Nothing to do without Triton."""
     try:
-        from flashprop.kernels.triton_interpreter import apply_interpreter_fixes
+        from flashprop.contract.triton_interpreter import apply_interpreter_fixes
 
         apply_interpreter_fixes()
     except ImportError:

@@ -113,7 +113,7 @@ pointer loads. ``FLASHPROP_TRITON_TMA=0`` forces the pointer loads everywhere (t
 CPU: under ``TRITON_INTERPRET=1`` (read when this module is imported, as Triton does) the same
 kernels run in Triton's interpreter on CPU tensors. The interpreter multiplies bf16 bit patterns
 in ``tl.dot`` (triton issue 11584), so bf16 is refused there. At import the interpreter gets
-the fixes every interpreted kernel gains (``triton_interpreter.apply_interpreter_fixes``: numpy
+the fixes every interpreted kernel gains (``contract.triton_interpreter.apply_interpreter_fixes``: numpy
 >= 2.4's scalar conversion, room on CPython's frame stack for each launch) and one for this
 module's helpers: no re-patching in them (:func:`_skip_repatching_in_helpers`).
 """
@@ -122,7 +122,7 @@ import os
 
 import triton
 import triton.language as tl
-from flashprop.kernels.triton_interpreter import apply_interpreter_fixes
+from flashprop.contract.triton_interpreter import apply_interpreter_fixes
 
 #: Whether the kernels below are Triton-interpreted (CPU tensors) or compiled (CUDA tensors).
 #: ``triton.jit`` makes this choice when the decorated function is defined, i.e. at import.

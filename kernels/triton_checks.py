@@ -36,8 +36,8 @@ from collections.abc import Callable
 import torch
 import triton
 import triton.language as tl
+from flashprop.contract.triton_interpreter import apply_interpreter_fixes
 from flashprop.contract.validate import check_cache_values, check_cu_values
-from flashprop.kernels.triton_interpreter import apply_interpreter_fixes
 from torch import Tensor
 
 if os.environ.get("TRITON_INTERPRET", "0") == "1":

@@ -1,4 +1,4 @@
-"""Meta-tests of the interpreter's fixes (``kernels/triton_interpreter.py``): the pytest plugin
+"""Meta-tests of the interpreter's fixes (``contract/triton_interpreter.py``): the pytest plugin
 gives them to a kernel author's own Triton kernel under ``TRITON_INTERPRET=1`` (flashprop's
 ``triton`` kernel never imported), and applying them again wraps nothing twice.
 """
@@ -62,7 +62,7 @@ def test_the_plugin_fixes_the_interpreter_for_a_kernel_authors_own_kernel(tmp_pa
 
 def test_applying_the_fixes_again_wraps_nothing_twice():
     pytest.importorskip("triton", reason="the interpreter's fixes need Triton")
-    from flashprop.kernels.triton_interpreter import apply_interpreter_fixes
+    from flashprop.contract.triton_interpreter import apply_interpreter_fixes
     from triton.runtime import interpreter
 
     apply_interpreter_fixes()

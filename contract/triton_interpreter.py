@@ -8,9 +8,12 @@ flashprop's ``triton`` kernel and a kernel author's own Triton kernel fuzzed on 
 - room on CPython's frame stack for each launch (:func:`_launch_with_stack_room`): the same
   results, about twice as fast under pytest and Hypothesis.
 
-``triton_attention_kernels`` applies them when it is imported under the interpreter. The pytest
-plugin applies them at configuration under ``TRITON_INTERPRET=1`` when Triton is installed.
-Neither fix changes what a launch computes.
+``kernels/triton_attention_kernels`` and ``kernels/triton_checks`` apply them when imported
+under the interpreter; the pytest plugin applies them at configuration under
+``TRITON_INTERPRET=1`` when Triton is installed. The module is in the contract, the layer both
+the kernels and the plugin may import (``meta/test_meta_layers.py``): the CPU run of a Triton
+kernel is the interpreter's, and these fixes are what that run means here. Neither fix changes
+what a launch computes.
 """
 
 from __future__ import annotations
