@@ -8,15 +8,16 @@ flashprop's ``triton`` kernel and a kernel author's own Triton kernel fuzzed on 
 - room on CPython's frame stack for each launch (:func:`_launch_with_stack_room`): the same
   results, about twice as fast under pytest and Hypothesis.
 
-``kernels/triton_attention_kernels`` and ``kernels/triton_checks`` apply them when imported
-under the interpreter; the pytest plugin applies them at configuration under
-``TRITON_INTERPRET=1`` when Triton is installed. The module is in the contract, the layer both
-the kernels and the plugin may import (``meta/test_meta_layers.py``): the CPU run of a Triton
-kernel is the interpreter's, and these fixes are what that run means here. Neither fix changes
-what a launch computes.
+``kernels/triton_attention_kernels`` and ``kernels/triton_checks`` apply them when imported,
+the pytest plugin at configuration when Triton is installed; under ``TRITON_INTERPRET=1`` only.
+The module is in the contract, the layer both the kernels and the plugin may import
+(``meta/test_meta_layers.py``): the CPU run of a Triton kernel is the interpreter's, and these
+fixes are what that run means here. Neither fix changes what a launch computes.
 """
 
 from __future__ import annotations
+
+import os
 
 #: Free slots (8 bytes each) of CPython's frame data stack that an interpreted launch starts
 #: with: far more than the interpreter's deepest call chain within a kernel uses.
@@ -24,7 +25,10 @@ _LAUNCH_STACK_SLOTS = 8192
 
 
 def apply_interpreter_fixes() -> None:
-    """Both fixes, each applied at most once however often this is called."""
+    """Both fixes when this process interprets Triton kernels (``TRITON_INTERPRET=1``, read as
+    Triton reads it), each applied at most once however often this is called; nothing otherwise."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return
     _fix_index_for_numpy_2_4()
     _launch_with_stack_room()
 

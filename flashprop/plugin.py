@@ -228,8 +228,7 @@ def pytest_configure(config: pytest.Config) -> None:
         from flashprop.harness.compile_locks import install_from_environment
 
         install_from_environment()
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        _fix_triton_interpreter()
+    _fix_triton_interpreter()
     _check_kernel_specs(config)
     run = config.stash[RUN] = run_context(config)
     if threading.current_thread() is threading.main_thread():

@@ -30,7 +30,6 @@ entries: cu[0] = 0, cu[B] = T and 0 <= cu[s + 1] - cu[s] <= M for every s.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import torch
@@ -40,8 +39,7 @@ from flashprop.contract.triton_interpreter import apply_interpreter_fixes
 from flashprop.contract.validate import check_cache_values, check_cu_values
 from torch import Tensor
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
-    apply_interpreter_fixes()  # the check kernels' loops have runtime bounds (numpy >= 2.4)
+apply_interpreter_fixes()  # interpreted, the check kernels' loops have runtime bounds (numpy >= 2.4)
 
 #: A check's block of entries per step and its most programs (each reduces its share to one flag:
 #: at most 16 int32 flags for the host to read).
