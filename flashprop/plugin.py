@@ -207,7 +207,6 @@ def _device(config: pytest.Config) -> str:
     return prepare_device(config.getoption("--device"))
 
 
-@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def _fix_triton_interpreter() -> None:
     """Under ``TRITON_INTERPRET=1`` every interpreted kernel of the run, a kernel author's own
     included, gets the interpreter's fixes (``contract/triton_interpreter.py``): numpy >= 2.4's
@@ -221,6 +220,7 @@ def _fix_triton_interpreter() -> None:
         pass
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin has loaded --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "meta: tests of flashprop's own helpers (kernel-independent)")
     config.addinivalue_line("markers", "slow: expensive properties")
