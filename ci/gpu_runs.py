@@ -30,8 +30,11 @@ from gpu_settings import LEAST_SECONDS, NOT_STARTED, ROOT, Config, SettingError,
 
 from flashprop.commands import property_args
 
-#: Sources whose version decides the results: the state folder is keyed by their hash.
-SOURCES = ("conftest.py", "flashprop", "kernels", "properties", "refimpl")
+#: Sources whose version decides the results: the state folder is keyed by their hash. Every
+#: package of the distribution but the benchmarks (``pyproject.toml``'s package-dir), and the
+#: plugin's conftest: a change to the strategies (``harness``) or the tolerance model and the
+#: declarations (``contract``) changes what a property run checks as much as a kernel's.
+SOURCES = ("conftest.py", "flashprop", "contract", "harness", "kernels", "properties", "refimpl")
 
 
 def sources_hash(root: Path = ROOT) -> str:

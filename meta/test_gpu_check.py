@@ -11,6 +11,7 @@ benchmarks with the gate, and the gate alone against a faster baseline.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -142,6 +143,17 @@ def test_state_folder_is_per_version_of_the_sources(tmp_path: Path):
     assert gpu_runs.sources_hash(tmp_path) == first
     (tmp_path / "kernels" / "k.cu").write_text("__global__ void k() { return; }\n")
     assert gpu_runs.sources_hash(tmp_path) != first and len(first) == 16
+
+
+def test_state_folder_hashes_every_package_the_properties_run():
+    """Every package directory of the distribution but the benchmarks is one of the sources, so a
+    change to the strategies or the contract starts a new state folder (it once hashed neither)."""
+    text = (gpu_runs.ROOT / "pyproject.toml").read_text()
+    section = text.split("[tool.setuptools.package-dir]", 1)[1].split("\n[", 1)[0]
+    folders = set(re.findall(r'^"[\w.]+"\s*=\s*"(\w+)"', section, re.MULTILINE))
+    assert "harness" in folders and "contract" in folders
+    assert folders - {"benchmarks"} <= set(gpu_runs.SOURCES)
+    assert {"flashprop", "conftest.py"} <= set(gpu_runs.SOURCES)
 
 
 def test_a_run_past_the_deadline_is_not_started(tmp_path: Path):
