@@ -1,6 +1,11 @@
 """The property and fuzz phases of ``ci/gpu_check.py``: one pytest-xdist run per kernel, the
 state folder that makes calls add up, and each phase's report.
 
+A property run cut off by its time limit is kept in the state folder as a part: its tally, and
+the tests that passed (pytest's ``-rp`` summary). A later call's run with the same arguments
+deselects those tests and reports the parts' tallies with its own, so a kernel's property suite
+advances over calls shorter than it, as the fuzz phase's examples do.
+
 A fuzz run splits each property test into ``fuzz_split`` shards (the plugin's ``--shards``),
 shard ``i`` drawing its share of the examples with Hypothesis seed ``BASE + i``
 (``harness/campaign.py``): the workers take different shards, so they fuzz one property in
@@ -20,7 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import limited
@@ -74,11 +79,23 @@ class Run:
     exit: int | None = None
     seconds: float = 0.0
     reused: bool = False
+    #: Tests that passed in earlier calls' parts of this run (deselected), and those parts' names.
+    done: list[str] = field(default_factory=list)
+    earlier: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         seeds = f".seeds{self.seeds[0]}-{self.seeds[1]}" if self.seeds else ""
         return f"{self.phase}.{tag(self.kernel)}{seeds}"
+
+
+#: A test that passed, as pytest's short summary (``-rp``) names it.
+_PASSED = re.compile(r"^PASSED (.+)$", re.MULTILINE)
+
+
+def passed_tests(log: str) -> list[str]:
+    """The node ids of the tests that passed, from a run's output."""
+    return sorted(set(_PASSED.findall(log)))
 
 
 def property_runs(cfg: Config) -> list[Run]:
@@ -130,8 +147,22 @@ class State:
                                        f"{first}..{last} ran in an earlier call ({self.folder}); "
                                        "leave FLASHPROP_GPU_FUZZ_SEED unset to take fresh ones")
 
+    def parts(self, run: Run) -> list[dict]:
+        """The kept parts of property run ``run`` (earlier calls' cut-off runs with its arguments)."""
+        found = [{**json.loads(path.read_text()), "name": path.name.removesuffix(".run.json")}
+                 for path in sorted(self.folder.glob(f"{run.name}.part*.run.json"))]
+        return [r for r in found if r["args"] == run.args]
+
     def take(self, run: Run, parts: Path) -> bool:
-        """Copy a passed run with the same arguments into ``parts``; True if there was one."""
+        """Copy a passed run with the same arguments into ``parts``; True if there was one. Else
+        the run's kept parts: their tallies and logs into ``parts``, their passed tests into
+        ``run.done`` (this call's run deselects them)."""
+        for part in self.parts(run):
+            for suffix in (".json", ".log"):
+                kept = self.folder / f"{part['name']}{suffix}"
+                (parts / kept.name).write_text(kept.read_text())
+            run.earlier.append(part["name"])
+            run.done = sorted({*run.done, *part["passed"]})
         record = self.folder / f"{run.name}.run.json"
         if not record.is_file():
             return False
@@ -146,22 +177,32 @@ class State:
         return True
 
     def keep(self, run: Run, parts: Path) -> None:
-        """Keep a run that ran: a property run that passed, a fuzz run that left a tally."""
+        """Keep a run that ran: a property run that passed, a fuzz run that left a tally, a property
+        run that did not pass but passed some tests (a part: those tests are not run again)."""
         tally = parts / f"{run.name}.json"
-        if run.reused or not tally.is_file() or (run.phase == "properties" and run.exit != 0):
+        if run.reused or not tally.is_file():
             return
+        name, extra = run.name, {}
+        if run.phase == "properties" and run.exit != 0:
+            passed = passed_tests((parts / f"{run.name}.log").read_text(errors="replace"))
+            if not passed:
+                return
+            name = f"{run.name}.part{len(list(self.folder.glob(f'{run.name}.part*.run.json'))) + 1}"
+            extra = {"passed": passed}
         for suffix in (".json", ".log"):
-            (self.folder / f"{run.name}{suffix}").write_text((parts / f"{run.name}{suffix}").read_text())
-        (self.folder / f"{run.name}.run.json").write_text(json.dumps(
+            (self.folder / f"{name}{suffix}").write_text((parts / f"{run.name}{suffix}").read_text())
+        (self.folder / f"{name}.run.json").write_text(json.dumps(
             {"kernel": run.kernel, "args": run.args, "exit": run.exit, "seconds": round(run.seconds, 1),
-             "seeds": run.seeds}, indent=1))
+             "seeds": run.seeds, **extra}, indent=1))
 
 
 def pytest_command(cfg: Config, run: Run, tally: Path) -> list[str]:
-    """The run's command: its arguments, the xdist workers (when ``jobs`` > 1), the tally file."""
+    """The run's command: its arguments, the tests it leaves out (passed in earlier calls), the
+    xdist workers (when ``jobs`` > 1), the tally file; the summary names the passed tests."""
     workers = ["-n", str(cfg.jobs), "--dist", "load"] if cfg.jobs > 1 else []
-    return [sys.executable, "-m", "pytest", *run.args, *workers, "-p", "no:cacheprovider", "-q", "-rs",
-            "--tally-json", str(tally)]
+    done = [arg for test in run.done for arg in ("--deselect", test)]
+    return [sys.executable, "-m", "pytest", *run.args, *done, *workers, "-p", "no:cacheprovider", "-q",
+            "-rsp", "--tally-json", str(tally)]
 
 
 def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
@@ -214,14 +255,16 @@ def run_phase(cfg: Config, phase: str, runs: list[Run], parts: Path, state: Stat
             state.keep(run, parts)
     logs = [parts / f"{r.name}.log" for r in runs]
     (cfg.out / f"{phase}.log").write_text("".join(p.read_text() for p in logs if p.is_file()))
-    tallies = [parts / f"{r.name}.json" for r in runs if (parts / f"{r.name}.json").is_file()]
+    tallies = [parts / f"{name}.json" for r in runs for name in (*r.earlier, r.name)
+               if (parts / f"{name}.json").is_file()]
     lines = [merged_table(tallies) if tallies else "no tallies", ""]
     failed = [r for r in runs if r.exit != 0]
     if failed:
         lines.append(f"runs with a non-zero exit (124: time limit, {NOT_STARTED}: not started, 137: killed "
                      "after ignoring the interrupts):")
         lines += [f"  {r.name}: exit {r.exit}" for r in failed]
-    lines.append(f"(runs: {len(runs)}, taken from an earlier call: {sum(r.reused for r in runs)})")
+    lines.append(f"(runs: {len(runs)}, taken from an earlier call: {sum(r.reused for r in runs)}; tests "
+                 f"passed in earlier calls' cut-off runs, not run again: {sum(len(r.done) for r in runs)})")
     compiled = compile_locks.summary([p.read_text(errors="replace") for p in logs if p.is_file()])
     if compiled:  # with compile locks: on the GPU
         lines.append(compiled)

@@ -63,7 +63,8 @@ SETTINGS = (
      "each failure's problem is replayed alone this many times, in fresh processes"),
     ("state", "FLASHPROP_GPU_STATE", "",
      "folder keeping each call's runs under a hash of the sources: a passed property run is not "
-     "run again, fuzz calls take fresh seeds and the report adds up their tallies"),
+     "run again, a cut-off one's passed tests are not either (they are deselected and their "
+     "tallies reported), fuzz calls take fresh seeds and the report adds up their tallies"),
     ("device", "FLASHPROP_GPU_DEVICE", "cuda", "device of the run; 'cpu' is for testing this script"),
 )
 PHASES = ("properties", "fuzz", "benchmarks", "gate")

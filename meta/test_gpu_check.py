@@ -133,6 +133,60 @@ def test_state_folder_seeds_and_passed_property_runs(tmp_path: Path):
     assert not state.take(more, tmp_path)  # other arguments: it runs
 
 
+def test_a_cut_off_property_run_is_kept_as_a_part_whose_passed_tests_are_left_out(tmp_path: Path):
+    """A property run that did not pass is kept only if some test passed: as a part, with those
+    tests. The next call's run with the same arguments takes the part's tally and deselects its
+    tests; a run with other arguments takes nothing; a second cut-off run is a second part."""
+    parts, later = tmp_path / "parts", tmp_path / "later"
+    parts.mkdir()
+    later.mkdir()
+    state = gpu_runs.State(tmp_path / "state", "abc")
+    cfg = config(tmp_path, "--kernels", "sdpa-math")
+    (run,) = gpu_runs.property_runs(cfg)
+    _ran(state, parts, run, 124)  # cut off before any test passed: nothing kept
+    assert state.parts(run) == [] and not list(state.folder.iterdir())
+    (parts / f"{run.name}.log").write_text(f"PASSED {FORWARD}[sdpa-math]\nSKIPPED [1] stopped by signal 2\n")
+    run.exit = 124
+    state.keep(run, parts)
+    (again,) = gpu_runs.property_runs(cfg)
+    assert not state.take(again, later)
+    assert again.done == [f"{FORWARD}[sdpa-math]"] and again.earlier == ["properties.sdpa-math.part1"]
+    assert (later / "properties.sdpa-math.part1.json").is_file()
+    command = gpu_runs.pytest_command(cfg, again, later / "t.json")
+    assert command[command.index("--deselect") + 1] == f"{FORWARD}[sdpa-math]" and "-rsp" in command
+    (other,) = gpu_runs.property_runs(config(tmp_path, "--kernels", "sdpa-math@3"))
+    assert not state.take(other, later) and other.done == []
+    again.exit = 124
+    (later / f"{again.name}.log").write_text("PASSED properties/test_golden.py::test_lse[sdpa-math]\n")
+    (later / f"{again.name}.json").write_text("[]")
+    state.keep(again, later)
+    assert [p["name"] for p in state.parts(run)] == [f"{run.name}.part1", f"{run.name}.part2"]
+
+
+def test_a_kernel_whose_tests_all_passed_in_parts_is_not_run_again(tmp_path: Path, monkeypatch):
+    """Call 1 runs the property (its log names the passed test: ``-rsp``); made into a part of a
+    cut-off run, call 2 deselects that test, passes, and reports the part's examples."""
+    monkeypatch.setattr(gpu_check, "sources_hash", lambda: "sources")
+    state = tmp_path / "state"
+    flags = ["--phases", "properties", "--kernels", "sdpa-math", "--state", str(state)]
+    code, report = call(tmp_path / "a", *flags)
+    assert code == 0, report
+    (ran,) = [row for row in table_rows(report) if row[:2] == ("sdpa-math", "forward")]
+    kept = state / "sources"
+    assert gpu_runs.passed_tests((kept / "properties.sdpa-math.log").read_text()) == [f"{FORWARD}[sdpa-math]"]
+    for suffix in (".json", ".log"):
+        (kept / f"properties.sdpa-math{suffix}").rename(kept / f"properties.sdpa-math.part1{suffix}")
+    record = json.loads((kept / "properties.sdpa-math.run.json").read_text())
+    (kept / "properties.sdpa-math.run.json").unlink()
+    (kept / "properties.sdpa-math.part1.run.json").write_text(
+        json.dumps({**record, "exit": 124, "passed": [f"{FORWARD}[sdpa-math]"]}))
+    code, report = call(tmp_path / "b", *flags)
+    assert code == 0, report
+    assert f"--deselect '{FORWARD}[sdpa-math]'" in (tmp_path / "b" / "properties.log").read_text()
+    assert ran in table_rows(report)  # the part's examples
+    assert "not run again: 1)" in report
+
+
 def test_state_folder_is_per_version_of_the_sources(tmp_path: Path):
     (tmp_path / "kernels").mkdir()
     (tmp_path / "conftest.py").write_text("# the plugin\n")
