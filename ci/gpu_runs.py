@@ -205,12 +205,13 @@ def pytest_command(cfg: Config, run: Run, tally: Path) -> list[str]:
             "-rsp", "--tally-json", str(tally)]
 
 
-def execute(cfg: Config, run: Run, parts: Path, deadline: float) -> None:
-    """Run ``run`` within ``property_timeout`` and the deadline (exit 125 when less than
-    LEAST_SECONDS is left: not started); its output in ``parts/NAME.log``, its tally beside."""
+def execute(cfg: Config, run: Run, parts: Path, deadline: float, share: int = 1) -> None:
+    """Run ``run`` within ``property_timeout`` and the deadline, and within ``1 / share`` of the
+    time left to it (exit 125 when less than LEAST_SECONDS is left: not started); its output in
+    ``parts/NAME.log``, its tally beside."""
     command = pytest_command(cfg, run, parts / f"{run.name}.json")
     log = parts / f"{run.name}.log"
-    limit = min(cfg.property_timeout, deadline - time.monotonic())
+    limit = min(cfg.property_timeout, (deadline - time.monotonic()) / share)
     if limit < LEAST_SECONDS:
         log.write_text(f"=== {run.phase}: not started (FLASHPROP_GPU_POOL_SECONDS reached): "
                        f"{shlex.join(command)}\n")
@@ -245,12 +246,16 @@ def merged_table(tallies: list[Path]) -> str:
 def run_phase(cfg: Config, phase: str, runs: list[Run], parts: Path, state: State | None,
               deadline: float) -> tuple[int, str]:
     """Run the phase's runs (a property run that passed in an earlier call is taken from the
-    state folder), write ``OUT/PHASE.log``; the phase's exit status (1 if a run did not pass) and
+    state folder, and with one each property run gets at most an even share of the time left),
+    write ``OUT/PHASE.log``; the phase's exit status (1 if a run did not pass) and
     its report: the merged table, the runs that did not pass, the replays, and with a state
     folder the fuzz table of every call."""
-    for run in runs:
-        if not (phase == "properties" and state is not None and state.take(run, parts)):
-            execute(cfg, run, parts, deadline)
+    resumable = phase == "properties" and state is not None
+    to_run = [run for run in runs if not (resumable and state.take(run, parts))]
+    for left, run in zip(range(len(to_run), 0, -1), to_run):
+        # a property run that resumes in the next call gets an even share of what is left, so
+        # that every kernel advances in a call shorter than their suites
+        execute(cfg, run, parts, deadline, share=left if resumable else 1)
         if state is not None:
             state.keep(run, parts)
     logs = [parts / f"{r.name}.log" for r in runs]

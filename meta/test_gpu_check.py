@@ -163,6 +163,31 @@ def test_a_cut_off_property_run_is_kept_as_a_part_whose_passed_tests_are_left_ou
     assert [p["name"] for p in state.parts(run)] == [f"{run.name}.part1", f"{run.name}.part2"]
 
 
+def test_with_a_state_folder_each_property_run_gets_an_even_share_of_the_pool(tmp_path: Path, monkeypatch):
+    """A run taken from an earlier call costs nothing; the others split what is left evenly (each
+    share taken when it starts); without a state folder each run may use the whole pool."""
+    cfg = config(tmp_path / "out", "--kernels", "sdpa-math ref-blocked triton")
+    cfg.out.mkdir()
+    state = gpu_runs.State(tmp_path / "state", "abc")
+    _ran(state, tmp_path, gpu_runs.property_runs(cfg)[0], 0)
+    shares: list[tuple[str, int]] = []
+
+    def execute(cfg, run, parts, deadline, share=1):
+        shares.append((run.name, share))
+        run.exit = 0
+
+    monkeypatch.setattr(gpu_runs, "execute", execute)
+    for folder, expected in ((state, [("properties.ref-blocked", 2), ("properties.triton", 1)]),
+                             (None, [("properties.sdpa-math", 1), ("properties.ref-blocked", 1),
+                                     ("properties.triton", 1)])):
+        shares.clear()
+        parts = tmp_path / f"parts-{folder is None}"
+        parts.mkdir()
+        runs = gpu_runs.property_runs(cfg)
+        gpu_runs.run_phase(cfg, "properties", runs, parts, folder, time.monotonic() + 99)
+        assert shares == expected
+
+
 def test_a_kernel_whose_tests_all_passed_in_parts_is_not_run_again(tmp_path: Path, monkeypatch):
     """Call 1 runs the property (its log names the passed test: ``-rsp``); made into a part of a
     cut-off run, call 2 deselects that test, passes, and reports the part's examples."""
@@ -214,6 +239,8 @@ def test_a_run_past_the_deadline_is_not_started(tmp_path: Path):
     cfg = config(tmp_path, "--kernels", "sdpa-math")
     (run,) = gpu_runs.property_runs(cfg)
     gpu_runs.execute(cfg, run, tmp_path, deadline=time.monotonic() + 5)  # under LEAST_SECONDS left
+    assert "not started" in (tmp_path / "properties.sdpa-math.log").read_text()
+    gpu_runs.execute(cfg, run, tmp_path, deadline=time.monotonic() + 100, share=4)  # a share of 25 s
     assert run.exit == 125 and "not started (FLASHPROP_GPU_POOL_SECONDS reached)" in (
         tmp_path / "properties.sdpa-math.log").read_text()
 
