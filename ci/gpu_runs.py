@@ -128,10 +128,14 @@ class State:
         self.folder = root / sources
         self.folder.mkdir(parents=True, exist_ok=True)
 
+    def _kept(self, pattern: str) -> list[dict]:
+        """The records of the kept runs whose names match ``pattern``, each with its ``name``."""
+        return [{**json.loads(path.read_text()), "name": path.name.removesuffix(".run.json")}
+                for path in sorted(self.folder.glob(f"{pattern}.run.json"))]
+
     def records(self, phase: str) -> list[dict]:
         """The kept runs of ``phase``, each record with its ``name``."""
-        return [{**json.loads(path.read_text()), "name": path.name.removesuffix(".run.json")}
-                for path in sorted(self.folder.glob(f"{phase}.*.run.json"))]
+        return self._kept(f"{phase}.*")
 
     def next_seed(self) -> int:
         """The first seed after every kept fuzz run's (0 in a new folder)."""
@@ -149,9 +153,7 @@ class State:
 
     def parts(self, run: Run) -> list[dict]:
         """The kept parts of property run ``run`` (earlier calls' cut-off runs with its arguments)."""
-        found = [{**json.loads(path.read_text()), "name": path.name.removesuffix(".run.json")}
-                 for path in sorted(self.folder.glob(f"{run.name}.part*.run.json"))]
-        return [r for r in found if r["args"] == run.args]
+        return [r for r in self._kept(f"{run.name}.part*") if r["args"] == run.args]
 
     def take(self, run: Run, parts: Path) -> bool:
         """Copy a passed run with the same arguments into ``parts``; True if there was one. Else
@@ -187,7 +189,7 @@ class State:
             passed = passed_tests((parts / f"{run.name}.log").read_text(errors="replace"))
             if not passed:
                 return
-            name = f"{run.name}.part{len(list(self.folder.glob(f'{run.name}.part*.run.json'))) + 1}"
+            name = f"{run.name}.part{len(self._kept(f'{run.name}.part*')) + 1}"
             extra = {"passed": passed}
         for suffix in (".json", ".log"):
             (self.folder / f"{name}{suffix}").write_text((parts / f"{run.name}{suffix}").read_text())

@@ -168,15 +168,20 @@ class Config:
         )
 
 
+def _setting(name: str) -> str:
+    """Setting ``name`` as an error names it: its flag and its variable."""
+    variable = next(v for n, v, _, _ in SETTINGS if n == name)
+    return f"--{name.replace('_', '-')} / {variable}"
+
+
 def _number(raw: dict[str, str], name: str, kind: type, least: int) -> int | float:
     """Setting ``name`` as a number of ``kind``, at least ``least``."""
-    variable = next(v for n, v, _, _ in SETTINGS if n == name)
     try:
         value = kind(raw[name])
     except ValueError:
-        raise SettingError(f"--{name.replace('_', '-')} / {variable}: a number, not {raw[name]!r}") from None
+        raise SettingError(f"{_setting(name)}: a number, not {raw[name]!r}") from None
     if value < least:
-        raise SettingError(f"--{name.replace('_', '-')} / {variable}: at least {least}, not {value}")
+        raise SettingError(f"{_setting(name)}: at least {least}, not {value}")
     return value
 
 
@@ -188,8 +193,7 @@ def _duration(raw: dict[str, str], name: str) -> str:
         try:
             parse_duration(text)
         except ValueError as err:
-            variable = next(v for n, v, _, _ in SETTINGS if n == name)
-            raise SettingError(f"--{name.replace('_', '-')} / {variable}: {err}") from None
+            raise SettingError(f"{_setting(name)}: {err}") from None
     return text
 
 
