@@ -613,8 +613,8 @@ def _underflow_rows(p) -> bool:
 #: fresh process, the rows whose largest logit is below about -13 (slopes of 0.20; with slope 0
 #: it passed), and its sequence run alone densely NaN in 111 (varlen-sequence-alone). Session 45
 #: (H100), the dense backward property, no mask at all: Problem(b=1, hq=1, hkv=1, nq=64, nk=64,
-#: d=8, dtype='float16', dist='underflow') gave NaN in every element of dq, dk and dv right, so
-#: the mask is not part of the trigger (session 41's smaller unmasked underflow problems had
+#: d=8, dtype='float16', dist='underflow') gave NaN in every element of dq (o, dk and dv right),
+#: so the mask is not part of the trigger (session 41's smaller unmasked underflow problems had
 #: passed). bf16 was not isolated: the limit names the two measured kinds of rows, in both
 #: dtypes, masked or not. Not every row far below 0 is one: the ``negative`` values (every
 #: logit below about -60, with a wide spread; one draw in ten) went through session 42's masked
