@@ -40,7 +40,8 @@ the property it ran (``kernel``, ``property``, ``examples``, ``passed``, ``refus
 ran); a failed property's failure text is flashprop's report (the shrunk problem, its repro, its
 replay command), not pytest's traceback, which the terminal and the tracebacks file keep.
 
-Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count; the
+Parallel runs (pytest-xdist, ``-n N``): worker i takes CUDA device i mod the visible count, and
+its torch an even share of the cores (``OMP_NUM_THREADS``, when set, stands instead); the
 workers' tallies are merged into the one summary table; a worker that dies (segfault, lost CUDA
 context) is replaced by xdist and the example it was running is reported as that property's
 failure, with its replay command. ``--shards K`` splits each property test into K tests with

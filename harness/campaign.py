@@ -8,8 +8,9 @@
   the profile's own ``.hypothesis/examples``): one key per kernel spec, declaration
   (:func:`declaration_digest`), test case (:func:`case_of`) and property, the same in every
   process, so a run of one kernel neither replays nor deletes another's examples.
-- :func:`configure_worker`: a worker ``gwI`` takes CUDA device ``I mod count`` (of the devices
-  ``CUDA_VISIBLE_DEVICES`` leaves visible) and notes its examples and tallies in files the
+- :func:`configure_worker`: a worker ``gwI`` takes its share of the cores for torch's threads
+  (:func:`worker_threads`) and CUDA device ``I mod count`` (of the devices
+  ``CUDA_VISIBLE_DEVICES`` leaves visible), and notes its examples and tallies in files the
   controller reads.
 - :func:`collect_node`: the controller merges each worker's tallies into the summary table
   (from the worker's output, or from its last saved tally if it died), adds its Triton compile
@@ -34,7 +35,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,9 +142,35 @@ def _files(folder: str, worker: str) -> tuple[Path, Path]:
     return Path(folder) / f"{worker}.tally.json", Path(folder) / f"{worker}.current.json"
 
 
+def worker_threads(workers: int, cores: int, environ: Mapping[str, str]) -> int | None:
+    """The intra-op threads of torch in one of ``workers`` xdist workers sharing ``cores`` cores:
+    an even share, at least one; ``None`` when ``OMP_NUM_THREADS`` is set (the caller's choice
+    stands).
+
+    Left alone, torch starts a thread per core in every process: 16 workers on 16 cores run 256
+    threads that preempt each other in every CPU op (drawing values, the references' loops). On
+    an H100 machine of 16 cores (session 47, same tests, same call), sdpa-cudnn's properties ran
+    at 0.1-0.3 examples/s per worker so, and at 2.2-11.5 with one thread each."""
+    if environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, cores // max(1, workers))
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity else os.cpu_count() or 1
+
+
 def configure_worker(campaign: Campaign, tallies: Tallies, workerinput: dict, device: str) -> None:
-    """Worker side: its CUDA device, and where it saves its tally and notes its current example."""
+    """Worker side: its share of the cores (:func:`worker_threads`), its CUDA device, and where it
+    saves its tally and notes its current example."""
     worker = workerinput.get("workerid", "gw0")
+    threads = worker_threads(int(workerinput.get("workercount", 1)), _cores(), os.environ)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
     if device == "cuda":
         import torch
 

@@ -10,11 +10,13 @@ given unrounded to the backends that take a wider mask (``kernels.sdpa._WIDE_BIA
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from flashprop.contract.problem import Problem
 from flashprop.contract.registry import load_kernel
-from flashprop.harness.check import assert_close_to_golden, run_kernel
+from flashprop.harness.check import assert_close_to_golden, references, run_kernel
 from flashprop.kernels import sdpa
 from torch.nn.attention import SDPBackend
 
@@ -128,6 +130,17 @@ CUDNN_UNDERFLOW = (
 )
 
 
+#: Session 47's on an H100: ``negative`` values through a flat ALiBi (dq NaN in the 59 rows whose
+#: largest logit is below -12), and ``large`` values whose one visible key under the top-left
+#: causal mask lies below -12 (every gradient NaN in the sequence's dense run).
+CUDNN_LOW_ROWS = (
+    Problem(b=1, hq=1, hkv=1, nq=64, nk=64, d=8, dv=8, dtype=torch.float16, device="cpu", dist="negative",
+            alibi=("batch-head", 0.0)),
+    Problem(b=1, hq=2, hkv=1, nq=1, nk=64, d=8, dv=8, dtype=torch.float16, device="cpu", causal=True,
+            dist="large", seqlens=((1, 64),)),
+)
+
+
 #: Session 42's on the H200: NaN in dq's last 124 rows, normal values pushed down by ALiBi
 #: (slopes 0.20 and 0.11) for the rows far past the 63 keys; the same with slope 0 passed.
 CUDNN_FAR_ALIBI = Problem(b=2, hq=1, hkv=1, nq=255, nk=63, d=8, dv=32, dtype=torch.float16, device="cpu",
@@ -140,13 +153,34 @@ def test_the_cudnn_underflow_limit_rules_out_the_gradients_alone():
     flat ALiBi, and with a window that keeps every row near its keys keep them."""
     limit = sdpa.CUDNN_UNDERFLOW_GRADIENTS
     alone = CUDNN_FAR_ALIBI.replace(b=1, seqlens=None, layout="transposed", grad_layout="transposed")
-    _assert_rules_out_the_gradients_alone(limit, (*CUDNN_UNDERFLOW, CUDNN_FAR_ALIBI, alone))
-    for p in CUDNN_UNDERFLOW:
-        for dist in ("normal", "large", "overflow", "negative"):
+    _assert_rules_out_the_gradients_alone(limit, (*CUDNN_UNDERFLOW, *CUDNN_LOW_ROWS, CUDNN_FAR_ALIBI, alone))
+    for p in (*CUDNN_UNDERFLOW, *CUDNN_LOW_ROWS):
+        for dist in ("normal", "overflow"):
             assert not limit.applies(p.replace(dist=dist))
     for near in (CUDNN_FAR_ALIBI.replace(alibi=("batch-head", 0.0)), CUDNN_FAR_ALIBI.replace(window=(8, 8)),
                  CUDNN_FAR_ALIBI.replace(nk=255, seqlens=((255, 255), (0, 1)))):
         assert not limit.applies(near), near
+
+
+@pytest.mark.parametrize("p", [
+    Problem(b=2, hq=4, hkv=2, nq=40, nk=70, d=16, dv=16, dtype=torch.float16, device="cpu", causal=True,
+            dist="large"),
+    Problem(b=2, hq=2, hkv=2, nq=70, nk=40, d=8, dv=8, dtype=torch.float16, device="cpu", window=(3, 0),
+            alibi=("head", 0.5)),
+    Problem(b=3, hq=2, hkv=1, nq=9, nk=30, d=8, dv=8, dtype=torch.float16, device="cpu", causal=True,
+            dist="negative", alibi=("batch-head", 0.25), seqlens=((9, 30), (0, 4), (5, 2))),
+    *CUDNN_LOW_ROWS,
+    CUDNN_FAR_ALIBI,
+], ids=repr)
+def test_the_cudnn_underflow_limit_reads_the_rows_the_golden_sees(p):
+    """The limit's lowest row maximum m (each row's largest visible logit, computed by the adapter
+    module) brackets the golden's lowest lse over the rows that see a key: m <= min lse <=
+    m + log(Nk), since a row's lse lies between its largest logit and that plus log(its keys)."""
+    golden = references(p, sdpa.sdpa_cudnn.capabilities.causal_alignment, tf32=False, backward=False)[0]
+    lse = golden.lse[torch.isfinite(golden.lse)]
+    lowest = sdpa._lowest_row_maximum(p)
+    slack = 1e-5 * abs(lowest) + 1e-5  # float32 products against the golden's float64
+    assert lowest - slack <= float(lse.min()) <= lowest + math.log(p.nk) + slack
 
 
 #: Session 40's findings on an H100, each with its dO sliced: RuntimeError from cuDNN's graph

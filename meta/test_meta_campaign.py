@@ -127,6 +127,22 @@ AT_WORK = textwrap.dedent('''
 ''')
 
 
+THREADS = textwrap.dedent('''
+    import os
+
+    import torch
+    from flashprop.refimpl.blocked import attention as blocked
+
+
+    def attn(q, k, v, *, causal=False, scale=None):
+        """ref-blocked, noting torch's intra-op threads in an xdist worker."""
+        if "PYTEST_XDIST_WORKER" in os.environ:
+            with open(os.environ["FLASHPROP_RECORD"], "a") as f:
+                f.write(f"{os.getpid()} {torch.get_num_threads()}\\n")
+        return blocked(q, k, v, causal=causal, scale=scale)
+''')
+
+
 def _pytest(*args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--device", "cpu", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
@@ -138,6 +154,33 @@ def test_workers_tallies_merge(tmp_path: Path):
     assert run.returncode == 0, run.stdout + run.stderr
     table = run.stdout[run.stdout.index("examples per property"):]
     assert "ref-blocked  backward  15" in table and "ref-blocked  forward   20" in table, table
+
+
+def test_worker_threads_share_the_cores():
+    """Each of N workers gets cores // N threads, at least one; a set OMP_NUM_THREADS stands."""
+    assert campaign.worker_threads(16, 16, {}) == 1
+    assert campaign.worker_threads(4, 16, {}) == 4
+    assert campaign.worker_threads(32, 16, {"OMP_NUM_THREADS": ""}) == 1
+    assert campaign.worker_threads(4, 16, {"OMP_NUM_THREADS": "2"}) is None
+
+
+@pytest.mark.parametrize("workers, omp", [(2, None), (1, "1")])
+def test_each_worker_runs_torch_on_its_share_of_the_cores(tmp_path: Path, workers: int, omp: str | None):
+    """Over N xdist workers, every kernel call sees torch with cores // N threads (at least one),
+    or OMP_NUM_THREADS's when the caller sets it (one worker would otherwise take every core)."""
+    kernel, record = tmp_path / "kernel.py", tmp_path / "threads.txt"
+    kernel.write_text(THREADS)
+    env = {key: value for key, value in os.environ.items() if key != "OMP_NUM_THREADS"}
+    env["FLASHPROP_RECORD"] = str(record)
+    if omp:
+        env["OMP_NUM_THREADS"] = omp
+    run = _pytest("properties/test_robustness.py::test_single_token",
+                  "properties/test_golden.py::test_forward_matches_golden", "--kernel", f"{kernel}:attn",
+                  "--hypothesis-profile", "ci", "-n", str(workers), env=env)
+    assert run.returncode == 0, run.stdout + run.stderr
+    seen = {tuple(map(int, line.split())) for line in record.read_text().splitlines()}
+    expected = int(omp) if omp else max(1, len(os.sched_getaffinity(0)) // workers)
+    assert len({pid for pid, _ in seen}) == workers and {threads for _, threads in seen} == {expected}, seen
 
 
 def _two_properties(tmp_path: Path, source: str, workers: int, restarts: int) -> tuple[str, dict]:
