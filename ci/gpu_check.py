@@ -25,9 +25,11 @@ Phases, in this order, those that ``--phases`` / ``FLASHPROP_GPU_PHASES`` names
 - ``gate``: ``ci/bench_gate.py`` against the baseline, written (and said so) when missing.
 
 Each failure of the property and fuzz phases is replayed alone in fresh processes
-(``ci/replay_failures.py``): reproducible or flaky. A pytest run that reaches its time limit is
-interrupted as Ctrl-C would (``ci/limited.py``; its xdist workers wind down), so it still prints the
-table of the examples it ran, which the report counts; its phase fails.
+(``ci/replay_failures.py``): reproducible or flaky, within what is left of the pool (replays that
+find it spent are reported as not run, so a call's own limit does not cut the report). A pytest
+run that reaches its time limit is interrupted as Ctrl-C would (``ci/limited.py``; its xdist
+workers wind down), so it still prints the table of the examples it ran, which the report counts;
+its phase fails.
 
 OUTDIR gets at most 8 files: ``report.md`` (the phases with exit codes and seconds, the merged
 per-property tables, the gate table, the benchmark table), ``properties.log`` and ``fuzz.log``

@@ -278,7 +278,8 @@ def run_phase(cfg: Config, phase: str, runs: list[Run], parts: Path, state: Stat
     if cfg.replays > 0 and tallies:
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
-            replay_failures.main(["--times", str(cfg.replays), *map(str, tallies)])
+            replay_failures.main(["--times", str(cfg.replays), "--budget",  # the pool bounds them too
+                                  str(max(0.0, deadline - time.monotonic())), *map(str, tallies)])
         lines += ["", text.getvalue().rstrip()]
     if phase == "fuzz" and state is not None:
         lines += ["", state_table(state)]

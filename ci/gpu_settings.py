@@ -53,7 +53,8 @@ SETTINGS = (
      "seconds per pytest run of the property and fuzz phases (one run per kernel)"),
     ("pool_seconds", "FLASHPROP_GPU_POOL_SECONDS", "3600",
      "no property or fuzz run starts later than this many seconds after the first one, and none "
-     "runs past it (exit 125: not started); with a state folder each property run gets at most an "
+     "runs past it (exit 125: not started), nor do the failures' replays; with a state folder each "
+     "property run gets at most an "
      "even share of what is left, so every kernel advances"),
     ("bench_timeout", "FLASHPROP_BENCH_TIMEOUT", "240",
      "seconds per benchmark chunk; a chunk cut off keeps the benchmarks it finished"),
@@ -61,7 +62,8 @@ SETTINGS = (
      "the benchmark phase (compilation included) ends this many seconds after it starts: later "
      "chunks get what is left, none starts with under 30 s (reported as not run)"),
     ("replays", "FLASHPROP_GPU_REPLAYS", "3",
-     "each failure's problem is replayed alone this many times, in fresh processes"),
+     "each failure's problem is replayed alone this many times, in fresh processes, within the "
+     "pool's time (a replay that finds it spent is reported as not run)"),
     ("state", "FLASHPROP_GPU_STATE", "",
      "folder keeping each call's runs under a hash of the sources: a passed property run is not "
      "run again, a cut-off one's passed tests are not either (they are deselected and their "

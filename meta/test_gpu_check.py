@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "ci"))  # the sc
 import gpu_bench
 import gpu_check
 import gpu_runs
+import replay_failures
 from gpu_settings import Config, SettingError
 
 pytestmark = pytest.mark.meta
@@ -60,6 +61,19 @@ def table_rows(text: str) -> set[tuple[str, ...]]:
 
 
 # --- the pieces, called directly -------------------------------------------------------------
+
+
+def test_replays_stay_within_their_budget():
+    """A failure's replays run until the budget is spent: those left are "not run", and a failure
+    none of whose replays ran is said to be not replayed, not to reproduce or not."""
+    failing = f"{sys.executable} -c 'import sys; sys.exit(1)'"
+    assert replay_failures.replay(failing, 2, timeout=60) == ["failed", "failed"]
+    assert replay_failures.verdict(["failed", "failed"]) == "reproduces"
+    spent = replay_failures.replay(failing, 2, timeout=60, deadline=time.monotonic())
+    assert spent == ["not run", "not run"]
+    assert replay_failures.verdict(spent) == "not replayed: no time was left"
+    assert replay_failures.verdict(["failed", "not run"]) == "reproduces"
+    assert replay_failures.verdict(["passed", "failed"]) == "FLAKY"
 
 
 def test_settings_flags_over_environment_and_refusals(tmp_path: Path):
