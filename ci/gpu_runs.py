@@ -30,7 +30,7 @@ from pathlib import Path
 
 import limited
 import replay_failures
-from flashprop.harness import compile_locks, report
+from flashprop.harness import campaign, compile_locks, report
 from gpu_settings import LEAST_SECONDS, NOT_STARTED, ROOT, Config, SettingError, say
 
 from flashprop.commands import property_args
@@ -184,15 +184,19 @@ class State:
         tally = parts / f"{run.name}.json"
         if run.reused or not tally.is_file():
             return
-        name, extra = run.name, {}
+        name, extra, rows = run.name, {}, json.loads(tally.read_text())
         if run.phase == "properties" and run.exit != 0:
             passed = passed_tests((parts / f"{run.name}.log").read_text(errors="replace"))
             if not passed:
                 return
             name = f"{run.name}.part{len(self._kept(f'{run.name}.part*')) + 1}"
             extra = {"passed": passed}
-        for suffix in (".json", ".log"):
-            (self.folder / f"{name}{suffix}").write_text((parts / f"{run.name}{suffix}").read_text())
+            # the properties the stop cut run again in the next call: their partial counts and
+            # notes would be added to that run's (a failure found before the cut stays)
+            rows = [row for row in rows if row["failed"] or not any(
+                note.startswith(campaign.STOPPED) for note in row.get("skipped", []))]
+        (self.folder / f"{name}.json").write_text(json.dumps(rows))
+        (self.folder / f"{name}.log").write_text((parts / f"{run.name}.log").read_text())
         (self.folder / f"{name}.run.json").write_text(json.dumps(
             {"kernel": run.kernel, "args": run.args, "exit": run.exit, "seconds": round(run.seconds, 1),
              "seeds": run.seeds, **extra}, indent=1))

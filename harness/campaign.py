@@ -202,6 +202,9 @@ def signal_pids(pids: list[int], signum: int) -> None:
             os.kill(pid, signum)
 
 
+#: How the skip note of a property that a stop signal cut begins (its tally row keeps the note).
+STOPPED = "stopped by signal"
+
 #: Seconds after a stop signal during which more signals are the same request: GNU timeout
 #: signals the controller and its whole process group, and the controller forwards its own.
 GRACE = 10.0
@@ -258,13 +261,13 @@ class Campaign:
         if self.winding_at is None:
             raise KeyboardInterrupt(f"signal {self.stop_signals[0]}")
         ran = "" if examples is None else f" after {examples} example{'s' * (examples != 1)} (in the table)"
-        pytest.skip(f"stopped by signal {self.stop_signals[0]}{ran}")
+        pytest.skip(f"{STOPPED} {self.stop_signals[0]}{ran}")
 
     def stopped_line(self) -> str | None:
         """The summary's line when a signal stopped the run, else ``None``."""
         if not self.stop_signals:
             return None
-        return (f"stopped by signal {self.stop_signals[0]}: each property ended at its running "
+        return (f"{STOPPED} {self.stop_signals[0]}: each property ended at its running "
                 "example; the table holds every example run")
 
     @contextmanager

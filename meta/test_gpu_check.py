@@ -149,8 +149,10 @@ def test_state_folder_seeds_and_passed_property_runs(tmp_path: Path):
 
 def test_a_cut_off_property_run_is_kept_as_a_part_whose_passed_tests_are_left_out(tmp_path: Path):
     """A property run that did not pass is kept only if some test passed: as a part, with those
-    tests. The next call's run with the same arguments takes the part's tally and deselects its
-    tests; a run with other arguments takes nothing; a second cut-off run is a second part."""
+    tests, and its tally without the properties the stop cut short (they run again; a failure
+    found before the cut stays). The next call's run with the same arguments takes the part's
+    tally and deselects its tests; a run with other arguments takes nothing; a second cut-off run
+    is a second part."""
     parts, later = tmp_path / "parts", tmp_path / "later"
     parts.mkdir()
     later.mkdir()
@@ -160,8 +162,16 @@ def test_a_cut_off_property_run_is_kept_as_a_part_whose_passed_tests_are_left_ou
     _ran(state, parts, run, 124)  # cut off before any test passed: nothing kept
     assert state.parts(run) == [] and not list(state.folder.iterdir())
     (parts / f"{run.name}.log").write_text(f"PASSED {FORWARD}[sdpa-math]\nSKIPPED [1] stopped by signal 2\n")
+    cut = "stopped by signal 2 after 3 examples (in the table)"
+    rows = [{"kernel": "sdpa-math", "property": prop, "passed": n, "refused": 0, "failed": failed,
+             "seconds": 1.0, "last_failure": None, "skipped": notes}
+            for prop, n, failed, notes in (("forward", 100, 0, []), ("backward", 3, 0, [cut]),
+                                           ("window-forward", 2, 1, [cut]))]
+    (parts / f"{run.name}.json").write_text(json.dumps(rows))
     run.exit = 124
     state.keep(run, parts)
+    kept = json.loads((state.folder / f"{run.name}.part1.json").read_text())
+    assert [row["property"] for row in kept] == ["forward", "window-forward"]  # the cut one runs again
     (again,) = gpu_runs.property_runs(cfg)
     assert not state.take(again, later)
     assert again.done == [f"{FORWARD}[sdpa-math]"] and again.earlier == ["properties.sdpa-math.part1"]
