@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -584,6 +585,7 @@ _FAR_BELOW = -10.0
 _CHUNK_LOGITS = 1 << 24
 
 
+@functools.lru_cache(maxsize=256)  # a problem's declarations are asked again and again
 def _lowest_row_maximum(p) -> float:
     """The smallest, over the query rows of ``p`` that see a key, of the row's largest logit
     ``scale q_i . k_j - slope_h |i - j|`` over its visible keys (the adapters' top-left causal
