@@ -54,8 +54,7 @@ SETTINGS = (
     ("pool_seconds", "FLASHPROP_GPU_POOL_SECONDS", "3600",
      "no property or fuzz run starts later than this many seconds after the first one, and none "
      "runs past it (exit 125: not started), nor do the failures' replays; with a state folder each "
-     "property run gets at most an "
-     "even share of what is left, so every kernel advances"),
+     "property run gets at most an even share of what is left, so every kernel advances"),
     ("bench_timeout", "FLASHPROP_BENCH_TIMEOUT", "240",
      "seconds per benchmark chunk; a chunk cut off keeps the benchmarks it finished"),
     ("bench_seconds", "FLASHPROP_GPU_BENCH_SECONDS", "3600",

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from flashprop.contract.capabilities import ALIBI_SHAPES, Capabilities, KVCache, Limit
 from flashprop.contract.entry_points import Keywords, entry_point
-from flashprop.contract.masks import visible_mask
+from flashprop.contract.masks import score_mod, visible_mask
 from flashprop.contract.validate import (
     INT32_ELEMENTS,
     check_decode,
@@ -598,24 +598,22 @@ def _lowest_row_maximum(p) -> float:
     if p.seqlens is None:  # (batch element, its rows, its keys)
         blocks = [(b, 0, p.nq, 0, p.nk) for b in range(p.b)]
     else:  # one packed batch element: (sequence, its rows, its keys)
-        blocks, q0, k0 = [], 0, 0
-        for s, (nq, nk) in enumerate(p.seqlens):
-            blocks.append((s, q0, q0 + nq, k0, k0 + nk))
-            q0, k0 = q0 + nq, k0 + nk
+        cu_q, cu_k = (c.tolist() for c in p.cu_seqlens())
+        blocks = [(s, cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]) for s in range(len(p.seqlens))]
     lowest = math.inf
     for index, q0, q1, k0, k1 in blocks:
         nq, nk = q1 - q0, k1 - k0
         batch = 0 if p.seqlens is not None else index
         keys = k[batch, :, k0:k1]
         slope = None if slopes is None else (slopes[index] if slopes.dim() == 2 else slopes)
+        alibi = score_mod(nq, nk, alignment="top-left", alibi_slopes=slope)
         step = max(1, _CHUNK_LOGITS // max(1, p.hq * nk))
         for r in range(0, nq if nk else 0, step):
             rows = range(r, min(nq, r + step))
             logits = p.effective_scale * q[batch, :, q0 + rows.start:q0 + rows.stop] @ keys.transpose(-1, -2)
-            i = torch.arange(rows.start, rows.stop, device=p.device)[:, None]
-            j = torch.arange(nk, device=p.device)[None, :]
-            if slope is not None:
-                logits = logits - slope[:, None, None] * (i - j).abs()
+            if alibi is not None:
+                i = torch.arange(rows.start, rows.stop, device=p.device)[:, None]
+                logits = alibi(logits, None, None, i, torch.arange(nk, device=p.device)[None, :])
             seen = visible_mask(nq, nk, causal=p.causal, alignment="top-left", q_start=rows.start,
                                 q_stop=rows.stop, device=p.device, window=p.window)
             if seen is not None:
