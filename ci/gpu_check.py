@@ -17,7 +17,8 @@ Phases, in this order, those that ``--phases`` / ``FLASHPROP_GPU_PHASES`` names
   workers fuzz one property in different parts of the space (``ci/gpu_runs.py``); with
   FLASHPROP_GPU_FUZZ_TIME each run is time-boxed (flashprop's ``--time``: every property test
   gets its share, so a short call advances all of them). With
-  ``FLASHPROP_GPU_STATE`` the calls add up: each takes seeds no earlier call ran, and the report
+  ``FLASHPROP_GPU_STATE`` the calls add up: each takes seeds no earlier call ran, leaves out
+  the properties that earlier calls ran to their count (``--skip-property``), and the report
   adds the table of every call (a campaign longer than one device call, or spread over machines
   that carry the folder along).
 - ``benchmarks``: the benchmark grid in chunks after a parallel compile warm-up, the GPUs in
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
         if "fuzz" in cfg.phases:
             base = (cfg.fuzz_seed if cfg.fuzz_seed is not None else state.next_seed() if state is not None
                     else random.SystemRandom().randrange(2**31))
-            runs["fuzz"] = fuzz_runs(cfg, base)
+            complete = state.complete(cfg.fuzz_examples) if state is not None else None
+            runs["fuzz"] = fuzz_runs(cfg, base, complete)
             if state is not None:
                 state.check_seeds(runs["fuzz"])
     except SettingError as err:

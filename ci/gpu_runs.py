@@ -25,6 +25,7 @@ import shlex
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,13 +106,18 @@ def property_runs(cfg: Config) -> list[Run]:
             for kernel, examples in cfg.kernels]
 
 
-def fuzz_runs(cfg: Config, base: int) -> list[Run]:
+def fuzz_runs(cfg: Config, base: int, complete: dict[str, list[str]] | None = None) -> list[Run]:
     """One run per fuzz kernel: the fuzz profile, each property test in ``fuzz_split`` shards
-    with seeds ``base .. base + fuzz_split - 1``, in the time box ``fuzz_time`` when one is set."""
+    with seeds ``base .. base + fuzz_split - 1``, in the time box ``fuzz_time`` when one is set,
+    leaving out (``--skip-property``) the kernel's ``complete`` properties: those that earlier
+    calls ran to their count (:meth:`State.complete`)."""
     shards = ["--shards", str(cfg.fuzz_split), "--hypothesis-seed", str(base)]
     shards += ["--time", cfg.fuzz_time] if cfg.fuzz_time else []
+    left_out = {kernel: [a for prop in props for a in ("--skip-property", prop)]
+                for kernel, props in (complete or {}).items()}
     return [Run("fuzz", kernel, [*property_args([kernel], profile="fuzz", targets=cfg.files,
-                                                device=cfg.device, max_examples=cfg.fuzz_examples), *shards],
+                                                device=cfg.device, max_examples=cfg.fuzz_examples), *shards,
+                                 *left_out.get(kernel, [])],
                 (base, base + cfg.fuzz_split - 1))
             for kernel in cfg.fuzz_kernels]
 
@@ -140,6 +146,31 @@ class State:
     def next_seed(self) -> int:
         """The first seed after every kept fuzz run's (0 in a new folder)."""
         return max((r["seeds"][1] + 1 for r in self.records("fuzz")), default=0)
+
+    def complete(self, examples: int) -> dict[str, list[str]]:
+        """Kernel -> the properties whose kept fuzz calls ran, between them, at least the count a
+        call of ``examples`` examples per property asks (each property's weight applied: a kept
+        call's ``asked`` scaled by ``examples`` over its own ``--max-examples``), without a
+        failure. Leaving them out of the next call gives its time to the properties still short
+        of their count, the slow ones (a time box shares a call evenly among those it runs)."""
+        ran: dict[tuple[str, str], int] = defaultdict(int)
+        target: dict[tuple[str, str], float] = {}
+        failed: set[tuple[str, str]] = set()
+        for record in self.records("fuzz"):
+            args = record["args"]
+            own = int(args[args.index("--max-examples") + 1]) if "--max-examples" in args else None
+            for row in json.loads((self.folder / f"{record['name']}.json").read_text()):
+                key = (row["kernel"], row["property"])
+                ran[key] += sum(row[outcome] for outcome in report.OUTCOMES)
+                if row["failed"]:
+                    failed.add(key)
+                if own and row.get("asked"):
+                    target[key] = max(target.get(key, 0.0), row["asked"] * examples / own)
+        found: dict[str, list[str]] = defaultdict(list)
+        for (kernel, prop), count in sorted(ran.items()):
+            if (kernel, prop) in target and (kernel, prop) not in failed and count >= target[kernel, prop]:
+                found[kernel].append(prop)
+        return dict(found)
 
     def check_seeds(self, runs: list[Run]) -> None:
         """Refuse seeds a kept run of the same kernel ran (they would draw its examples again)."""

@@ -66,7 +66,8 @@ SETTINGS = (
     ("state", "FLASHPROP_GPU_STATE", "",
      "folder keeping each call's runs under a hash of the sources: a passed property run is not "
      "run again, a cut-off one's passed tests are not either (they are deselected and their "
-     "tallies reported), fuzz calls take fresh seeds and the report adds up their tallies"),
+     "tallies reported), fuzz calls take fresh seeds, leave out the properties kept calls ran to "
+     "their count, and the report adds up their tallies"),
     ("device", "FLASHPROP_GPU_DEVICE", "cuda", "device of the run; 'cpu' is for testing this script"),
 )
 PHASES = ("properties", "fuzz", "benchmarks", "gate")

@@ -21,6 +21,8 @@ Options:
                                               (``harness/timebox.py``); the fuzz profile
                                               on the CPU with the default kernel is boxed at
                                               DEFAULT_CPU_BOX unless --time or --max-examples
+    --skip-property NAME                      leave property NAME out (repeatable): it skips
+                                              before drawing, and a time box gives it no share
     --shrink-seconds S                        longest a property shrinks a failure (default 60;
                                               ``harness.timebox.Shrinking``)
     --tracebacks-file PATH                    the failed tests' full tracebacks go there, not
@@ -167,6 +169,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "as strict xfails",
     )
     group.addoption(
+        "--skip-property",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="leave out property NAME (as the table's property column names it; repeatable): its "
+        "tests skip at the property's start, before drawing, and a time box gives them no share. "
+        "A campaign over several runs leaves out the properties that reached their count "
+        "(ci/gpu_check.py's fuzz phase with a state folder)",
+    )
+    group.addoption(
         "--shards",
         type=_shard_count,
         default=1,
@@ -267,7 +279,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def run_context(config: pytest.Config) -> RunContext:
     """The session's run context from the command line (its kernel sets already expanded): the
     options the harness reads (``--max-examples``, ``--example-db``, ``--replay``,
-    ``--shrink-seconds``, ``--kernel``, ``--device``, ``--tally-json``, ``--all-skips``) and a
+    ``--shrink-seconds``, ``--kernel``, ``--device``, ``--tally-json``, ``--all-skips``,
+    ``--skip-property``) and a
     fresh time box, tallies and campaign state."""
     from flashprop.harness.campaign import example_database
     from flashprop.harness.timebox import SHRINK_SECONDS
@@ -286,7 +299,7 @@ def run_context(config: pytest.Config) -> RunContext:
                       shrink_seconds=SHRINK_SECONDS if shrink is None else shrink,
                       kernels=tuple(config.getoption("--kernel")), device=_device(config),
                       tally_json=config.getoption("--tally-json"), all_skips=config.getoption("--all-skips"),
-                      **optional)
+                      skip_properties=frozenset(config.getoption("--skip-property")), **optional)
 
 
 def _check_kernel_specs(config: pytest.Config) -> None:

@@ -527,6 +527,8 @@ def run_property(
             pytest.skip(f"--replay runs property {run.replay.prop!r} only")
         problems, n, explicit = st.just(run.replay.problem), 1, ()
         base = settings(base, database=None, phases=[Phase.generate])
+    elif prop in run.skip_properties:  # before the time box's share: a probe sees the skip
+        pytest.skip(f"left out by --skip-property {prop}")
     elif shard is not None:  # --shards: this shard's share, drawn from its seed (Campaign.running)
         n = shard.share(prop, n)
         base = settings(base, derandomize=False)

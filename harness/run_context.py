@@ -67,6 +67,8 @@ class RunContext:
     replay: Replay | None = None
     #: ``--shrink-seconds``: the longest a property shrinks its failure.
     shrink_seconds: float = SHRINK_SECONDS
+    #: ``--skip-property``: properties left out (skipped at their start, before drawing).
+    skip_properties: frozenset[str] = frozenset()
     #: ``--kernel`` (its sets expanded; none: the default kernel) and ``--device`` (default: cuda
     #: if available), as the plugin parametrizes the tests with them.
     kernels: tuple[str, ...] = ()

@@ -114,11 +114,14 @@ def test_one_run_per_kernel_with_its_examples_and_the_fuzz_shards_seeds(tmp_path
     assert "-n" not in gpu_runs.pytest_command(one, runs[0], tally)  # one process, no workers
 
 
-def _ran(state: gpu_runs.State, parts: Path, run: gpu_runs.Run, code: int) -> None:
-    """``run`` as if it ran with exit status ``code``: a tally and a log in ``parts``, kept."""
-    row = {"kernel": run.kernel, "property": "forward", "passed": 2, "refused": 0, "failed": 0,
-           "seconds": 1.0, "last_failure": None, "skipped": []}
-    (parts / f"{run.name}.json").write_text(json.dumps([row]))
+def _ran(state: gpu_runs.State, parts: Path, run: gpu_runs.Run, code: int,
+         counts: dict[str, tuple[int, int, int]] | None = None) -> None:
+    """``run`` as if it ran with exit status ``code``: a tally and a log in ``parts``, kept;
+    ``counts``: property -> (passed, failed, asked) of its rows (default: forward passed 2)."""
+    rows = [{"kernel": run.kernel, "property": prop, "passed": passed, "refused": 0, "failed": failed,
+             "asked": asked, "seconds": 1.0, "last_failure": None, "skipped": []}
+            for prop, (passed, failed, asked) in (counts or {"forward": (2, 0, 0)}).items()]
+    (parts / f"{run.name}.json").write_text(json.dumps(rows))
     (parts / f"{run.name}.log").write_text("2 passed\n")
     run.exit = code
     state.keep(run, parts)
@@ -145,6 +148,24 @@ def test_state_folder_seeds_and_passed_property_runs(tmp_path: Path):
     assert not state.take(again[1], tmp_path)
     more = gpu_runs.property_runs(config(tmp_path, "--kernels", "sdpa-math@3"))[0]
     assert not state.take(more, tmp_path)  # other arguments: it runs
+
+
+def test_properties_that_reached_their_count_are_left_out_of_the_next_fuzz_call(tmp_path: Path):
+    """Over two kept calls of 100 examples per property: backward (weight 0.75) reached its 75 in
+    the first, forward its 100 in both together; window failed, so it runs again; a call asking
+    200 leaves none out. The next call's run says which with --skip-property."""
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    state = gpu_runs.State(tmp_path / "state", "abc")
+    cfg = config(tmp_path, "--fuzz-kernels", "triton", "--fuzz-examples", "100", "--fuzz-split", "1")
+    _ran(state, parts, gpu_runs.fuzz_runs(cfg, 0)[0], 124,
+         {"forward": (60, 0, 100), "backward": (75, 0, 75), "window": (99, 1, 100)})
+    assert state.complete(100) == {"triton": ["backward"]}
+    _ran(state, parts, gpu_runs.fuzz_runs(cfg, 1)[0], 0, {"forward": (40, 0, 100), "window": (10, 0, 100)})
+    assert state.complete(100) == {"triton": ["backward", "forward"]}
+    assert state.complete(200) == {}
+    run = gpu_runs.fuzz_runs(cfg, 2, state.complete(100))[0]
+    assert " ".join(run.args).endswith("--skip-property backward --skip-property forward")
 
 
 def test_a_cut_off_property_run_is_kept_as_a_part_whose_passed_tests_are_left_out(tmp_path: Path):
@@ -336,16 +357,19 @@ def test_fuzz_calls_add_up_with_distinct_seeds_and_a_wrong_kernel_fails(tmp_path
     assert "--shards 2 --hypothesis-seed 0 -n 2" in log
     kernel = tmp_path / "wrong.py"
     kernel.write_text(WRONG_KERNEL)
+    # call 1 ran forward to its count of 4: a call asking 4 again would leave it out, so ask 8
     code, report = call(tmp_path / "b", "--phases", "properties fuzz", "--kernels", f"{kernel}:attn@10",
-                        *fuzz, "--fuzz-time", "5m", FLASHPROP_GPU_JOBS="1", FLASHPROP_GPU_REPLAYS="1")
+                        *fuzz, "--fuzz-examples", "8", "--fuzz-time", "5m", FLASHPROP_GPU_JOBS="1",
+                        FLASHPROP_GPU_REPLAYS="1")
     assert code == 1, report
     assert "| properties | 1 |" in report and "| fuzz | 0 |" in report
     assert "property 'forward' failed" in report and "repro (a Python script" in report
     assert "forward: reproduces (1 of 1 failed: failed)" in report
     this_call, every_call = report.split("## fuzz:")[1].split("every fuzz call")
     assert "--hypothesis-seed 2 --time 5m" in (tmp_path / "b" / "fuzz.log").read_text()
-    assert ("sdpa-math", "forward", "4") in table_rows(this_call)
-    assert ("sdpa-math", "forward", "8") in table_rows(every_call)
+    assert ("sdpa-math", "forward", "8") in table_rows(this_call)
+    assert ("sdpa-math", "forward", "12") in table_rows(every_call)
+    assert "--skip-property" not in (tmp_path / "b" / "fuzz.log").read_text()
     assert "(runs: 2, passed: 2, failed or cut off: 0; seeds 0..1, 2..3)" in every_call
     assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["fuzz.log", "properties.log", "report.md"]
 
