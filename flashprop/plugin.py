@@ -22,7 +22,8 @@ Options:
                                               on the CPU with the default kernel is boxed at
                                               DEFAULT_CPU_BOX unless --time or --max-examples
     --skip-property NAME                      leave property NAME out (repeatable): it skips
-                                              before drawing, and a time box gives it no share
+                                              before drawing, and a time box gives it no share;
+                                              a NAME that left nothing out says so at the end
     --shrink-seconds S                        longest a property shrinks a failure (default 60;
                                               ``harness.timebox.Shrinking``)
     --tracebacks-file PATH                    the failed tests' full tracebacks go there, not
@@ -635,6 +636,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(
             f"flashprop: known failure {entry.node_id} ({entry.where}) matched no collected test"
         )
+    if not worker:
+        for name in sorted(run.skip_properties - report.left_out()):
+            terminalreporter.write_line(f"flashprop: --skip-property {name} matched no property of this run "
+                                        "(the names are the table's property column)")
     lines = report.summary_lines(run.all_skips)
     if lines:
         terminalreporter.section("flashprop: examples per property")

@@ -46,6 +46,7 @@ from ..refimpl.layouts import (
 from .campaign import database_key, end_worker
 from .diagnosis import NEIGHBOUR_WORK, diagnose, diagnose_gradients, work
 from .failures import Failure
+from .report import LEFT_OUT
 from .run_context import RunContext
 from .strategies import drawing
 from .symptoms import Relation, Symptom
@@ -528,7 +529,7 @@ def run_property(
         problems, n, explicit = st.just(run.replay.problem), 1, ()
         base = settings(base, database=None, phases=[Phase.generate])
     elif prop in run.skip_properties:  # before the time box's share: a probe sees the skip
-        pytest.skip(f"left out by --skip-property {prop}")
+        pytest.skip(f"{LEFT_OUT}{prop}")
     elif shard is not None:  # --shards: this shard's share, drawn from its seed (Campaign.running)
         n = shard.share(prop, n)
         base = settings(base, derandomize=False)

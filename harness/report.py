@@ -25,6 +25,8 @@ from .failures import Failure
 
 OUTCOMES = ("passed", "refused", "failed")
 #: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
+#: How the skip of a property that ``--skip-property`` left out begins (the property's name follows).
+LEFT_OUT = "left out by --skip-property "
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
 #: The widest line of the text table: a note that does not fit beside its row wraps under it (a
 #: kernel spec and property name wider than this alone push the row past it).
@@ -250,6 +252,11 @@ class Tallies:
         first line: what Hypothesis appends to an exception (its examples) stays out of the table."""
         first = reason.strip().splitlines()[0] if reason.strip() else "(no reason given)"
         self.by_property[(kernel, self.item_prop or label)].skipped.append(first)
+
+    def left_out(self) -> set[str]:
+        """The properties that ``--skip-property`` left out in this run (their skips' notes)."""
+        return {note.removeprefix(LEFT_OUT) for t in self.by_property.values() for note in t.skipped
+                if note.startswith(LEFT_OUT)}
 
     def _ordered(self) -> list[tuple[tuple[str, str], Tally]]:
         """Tallies that ran examples, then those only skipped, each by kernel and property."""

@@ -65,12 +65,15 @@ def test_a_time_box_stops_every_property_at_its_share(tmp_path: Path):
 def test_a_property_left_out_by_skip_property_gets_no_share():
     """``--skip-property backward``: the backward property skips before drawing, saying why, and
     the box goes whole to the forward property, which still stops at its share."""
-    run = subprocess.run([*RUN, "--skip-property", "backward", "--time", "3s", "--max-examples", "100000",
-                          "--all-skips", "properties/test_golden.py"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run([*RUN, "--skip-property", "backward", "--skip-property", "bakward", "--time", "3s",
+                          "--max-examples", "100000", "--all-skips", "properties/test_golden.py"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     table = " ".join(run.stdout.split("examples per property")[-1].split())
     assert "left out by --skip-property backward" in table, table
+    # a name that left nothing out (a typo) says so in one line
+    assert "flashprop: --skip-property bakward matched no property of this run" in run.stdout
+    assert "--skip-property backward matched" not in run.stdout
     assert "time box 0.1 min, shared by 1 properties (1 skipped before drawing got none): 1 stopped" in table
 
 
