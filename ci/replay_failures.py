@@ -61,9 +61,14 @@ def replay(command: str, times: int, timeout: float, deadline: float = math.inf)
     return outcomes
 
 
+def replays_run(outcomes: list[str]) -> list[str]:
+    """The outcomes of the replays that ran (those the budget left out dropped)."""
+    return [o for o in outcomes if o != NOT_RUN]
+
+
 def verdict(outcomes: list[str]) -> str:
     """What the replays that ran say: every one failed, some did, none did, or none ran."""
-    ran = [o for o in outcomes if o != NOT_RUN]
+    ran = replays_run(outcomes)
     failed = ran.count("failed")
     if not ran:
         return "not replayed: no time was left"
@@ -86,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replays: each failure's problem alone, in {args.times} fresh processes")
     for (kernel, prop), command in sorted(commands.items()):
         outcomes = replay(command, args.times, args.timeout, deadline)
-        ran = [o for o in outcomes if o != NOT_RUN]
+        ran = replays_run(outcomes)
         print(f"  {kernel} / {prop}: {verdict(outcomes)} ({ran.count('failed')} of {len(ran)} failed: "
               f"{', '.join(outcomes)})")
         print(f"    {command}")

@@ -24,9 +24,9 @@ from .causes import Group, group
 from .failures import Failure
 
 OUTCOMES = ("passed", "refused", "failed")
-#: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 #: How the skip of a property that ``--skip-property`` left out begins (the property's name follows).
 LEFT_OUT = "left out by --skip-property "
+#: The table's columns (the first six are the stable part that scripts may read; the rest were added later).
 COLUMNS = ("kernel", "property", "run", "passed", "refused", "failed", "ex/s", "asked", "note")
 #: The widest line of the text table: a note that does not fit beside its row wraps under it (a
 #: kernel spec and property name wider than this alone push the row past it).
