@@ -970,6 +970,36 @@ MUTANTS: tuple[Mutant, ...] = (
         "(its own strided dO) caught it, after 144 s; now backward does in about 22 s.",
         first=("test_golden.py",),
     ),
+    Mutant(
+        "triton_window_edge_tile_skipped",
+        TRITON_KERNELS,
+        "    lo = (lo // BLOCK_N) * BLOCK_N\n",
+        "    lo = tl.cdiv(lo, BLOCK_N) * BLOCK_N\n",
+        "window's edge tile skipped",
+        "The forward's key range under a sliding window starts at the first whole key tile at or "
+        "after the window's left edge instead of the tile that holds it: the tiles outside the "
+        "window are skipped as they should be, and so is the partial tile at its edge, whose keys "
+        "some rows see. Right whenever the edge falls on a tile boundary (windows that are "
+        "multiples of the tile, the shapes benchmarks use), wrong otherwise. "
+        "Dao-AILab/flash-attention#1133 (window_size (S - 1, 0) not equal to causal: a window edge "
+        "handled apart from the mask), huggingface/transformers#39408 and zml/zml#763 (window "
+        "bounds off by one).",
+        first=("test_variants.py",),
+    ),
+    Mutant(
+        "triton_alibi_batch_slopes_shared",
+        TRITON,
+        "        stride_ab, stride_ah = mods.slopes.stride()\n",
+        "        stride_ab, stride_ah = 0, mods.slopes.stride(1)\n",
+        "per-batch ALiBi slopes read as per-head",
+        "ALiBi slopes of shape (B, Hq) are addressed with a batch stride of 0, as slopes of shape "
+        "(Hq,) are: every batch element takes batch element 0's slopes. Right whenever the rows "
+        "are equal (slopes from the head count alone, the usual case), wrong for per-sequence "
+        "slopes. Dao-AILab/flash-attention#1585 ((batch, nheads) slopes refused by one entry "
+        "point, taken by another), flashinfer-ai/flashinfer#5101 (slopes indexed from the local "
+        "head count: every tensor-parallel rank but the first used the wrong slopes).",
+        first=("test_variants.py",),
+    ),
     # ------------------------------------------------------- triton decode (kernels/triton_decode.py)
     Mutant(
         "triton_decode_v_with_k_scale",
@@ -981,6 +1011,30 @@ MUTANTS: tuple[Mutant, ...] = (
         "k_scale == v_scale (a calibration that sets both alike, the default 1.0), wrong otherwise. "
         "sgl-project/sglang#26852 (v_descale falling back to k_scale), vllm-project/vllm#55557 "
         "(a test with k != v scales added to catch a k/v swap).",
+    ),
+    Mutant(
+        "triton_paged_offset_power_of_two",
+        TRITON_DECODE,
+        "        row = (offs_n - slot * page_size).to(tl.int64)\n",
+        "        row = (offs_n & (page_size - 1)).to(tl.int64)\n",
+        "page offset by bit mask",
+        "A key's row within its page is taken as j & (page_size - 1): j % page_size for a page "
+        "size that is a power of two, some other row of the page otherwise (48 here; 1 stays "
+        "right). vllm-project/tpu-inference#2795 (a page-size mask valid only for powers of "
+        "two), ROCm/aiter#2393 (a paged kernel broken by a block size that is not one).",
+    ),
+    Mutant(
+        "triton_decode_heads_interleaved",
+        TRITON_DECODE,
+        "    head = off_hkv * GROUP + offs_r % GROUP\n",
+        "    head = off_hkv + (offs_r % GROUP) * H_KV\n",
+        "GQA group packed by head modulo",
+        "Decode packs into one program the query heads it takes to share kv head g as g, "
+        "g + Hkv, g + 2 Hkv, ... (query head h reads kv head h % Hkv) instead of g * group .. "
+        "g * group + group - 1 (h // group, the contract's grouping). Right with one kv head "
+        "or no grouping, wrong otherwise. The dense kernels' mutants triton_gqa_head_modulo and "
+        "blocked_gqa_head_modulo in the decode path, where the heads of a group are packed as "
+        "rows of one tile; XunhaoLai/native-sparse-attention-triton#27.",
     ),
 )
 
