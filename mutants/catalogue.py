@@ -51,8 +51,9 @@ class Mutant:
         replacement: the snippet planted instead.
         bug_class: the class of bug, as the runner's table names it.
         doc: what the mutant does and which real bug it imitates.
-        first: property files ``mutants.run`` runs first on it (where its bug shows, when the
-            usual first files would spend its budget); empty: its target's order.
+        first: property files (``test_x.py``) ``mutants.run`` runs first on it (where its bug
+            shows, when the usual first files would spend its budget), and tests
+            (``test_x.py::test_name``) that run before all of them; empty: its target's order.
     """
 
     name: str
@@ -985,6 +986,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "handled apart from the mask), huggingface/transformers#39408 and zml/zml#763 (window "
         "bounds off by one).",
         first=("test_variants.py",),
+    ),
+    Mutant(
+        "triton_window_dkdv_edge_tile_skipped",
+        TRITON_KERNELS,
+        "    lo = (lo // BLOCK_M) * BLOCK_M\n",
+        "    lo = tl.cdiv(lo, BLOCK_M) * BLOCK_M\n",
+        "window's edge tile skipped in dK/dV",
+        "The dK/dV pass's query range under a sliding window starts at the first whole query "
+        "tile at or after the first row that sees the key tile, instead of the tile that holds "
+        "that row: the forward and dQ are right, dK and dV miss the contributions of the rows at "
+        "the window's right edge whenever it falls inside a query tile. The backward twin of "
+        "triton_window_edge_tile_skipped: a kernel whose backward walks the band by bounds of "
+        "its own (Dao-AILab/flash-attention#1133: window bounds handled apart from the mask).",
+        first=("test_variants.py::test_variant_backward_matches_golden", "test_variants.py"),
     ),
     Mutant(
         "triton_alibi_batch_slopes_shared",

@@ -14,6 +14,11 @@ including the first failing one), ``seconds`` (time in that kernel's tests up to
 shrinking included), ``examples_total`` and ``failure`` (the kernel's last failure message: after
 shrinking, the minimal problem) or ``detail``.
 
+``FLASHPROP_PROBE_FIRST`` (test function names, comma-separated) moves those tests ahead of the
+rest of their kernel's tests, in the order named, the kernels' grouping and every other order
+kept: a mutant whose bug only a late test of a file sees (a backward property after all the
+forward ones) is reached within its budget.
+
 ``FLASHPROP_SHRINK_SECONDS`` caps the time Hypothesis spends shrinking a failure (its private
 ``MAX_SHRINKING_SECONDS``, 300 s by default), so a slow kernel cannot spend its budget shrinking.
 """
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
 OUT_ENV = "FLASHPROP_PROBE_OUT"
 SHRINK_ENV = "FLASHPROP_SHRINK_SECONDS"
 BUDGET_ENV = "FLASHPROP_PROBE_BUDGET"
+FIRST_ENV = "FLASHPROP_PROBE_FIRST"
 
 
 @dataclass
@@ -121,6 +127,24 @@ def pytest_configure(config: pytest.Config) -> None:
         from hypothesis.internal.conjecture import engine
 
         engine.MAX_SHRINKING_SECONDS = float(seconds)
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering, which groups a kernel's tests
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the tests ``FLASHPROP_PROBE_FIRST`` names ahead of the rest of their kernel's tests."""
+    names = [name for name in os.environ.get(FIRST_ENV, "").split(",") if name]
+    if not names:
+        return
+    groups: dict[str | None, int] = {}
+    for item in items:
+        groups.setdefault(_spec(item), len(groups))
+
+    def rank(item: pytest.Item) -> int:
+        name = getattr(item, "originalname", item.name)
+        return names.index(name) if name in names else len(names)
+
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (groups[_spec(item)], rank(item), order[id(item)]))
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -86,9 +86,10 @@ class Outcome:
 
 
 def property_files(first_files: tuple[str, ...] = FIRST) -> list[str]:
-    """The property test files in run order, ``first_files`` first."""
+    """The property test files in run order, ``first_files`` first (an entry ``file::test``
+    stands for its file)."""
     found = sorted(p.name for p in (ROOT / "properties").glob("test_*.py"))
-    first = [f for f in first_files if f in found]
+    first = [f for f in dict.fromkeys(e.split("::")[0] for e in first_files) if f in found]
     last = [f for f in LAST if f in found]
     middle = [f for f in found if f not in first and f not in last]
     return [f"properties/{f}" for f in (*first, *middle, *last)]
@@ -106,9 +107,15 @@ def _pytest(kernels: list[str], *extra: str, first: tuple[str, ...] = FIRST) -> 
 
 
 def first_files(mutant: Mutant) -> tuple[str, ...]:
-    """The property files that run first on ``mutant``: its own (``Mutant.first``), else its
-    target's (:data:`FIRST_BY_TARGET`), else :data:`FIRST`."""
+    """The property files (and tests) that run first on ``mutant``: its own (``Mutant.first``),
+    else its target's (:data:`FIRST_BY_TARGET`), else :data:`FIRST`."""
     return mutant.first or FIRST_BY_TARGET.get(mutant.target, FIRST)
+
+
+def first_tests(first_files: tuple[str, ...]) -> list[str]:
+    """The test functions a run order names (entries ``file::test``): :mod:`mutants.probe` runs
+    them before the rest of their kernel's tests (``FLASHPROP_PROBE_FIRST``)."""
+    return [e.split("::", 1)[1] for e in first_files if "::" in e]
 
 
 def run_correct_kernel(kernel: str, timeout: float, threads: int) -> tuple[bool, float, str]:
@@ -135,6 +142,7 @@ def run_batch(mutants: list[Mutant], budget: float, threads: int, shrink_seconds
             "FLASHPROP_PROBE_OUT": str(probe_out),
             "FLASHPROP_SHRINK_SECONDS": str(shrink_seconds),
             "FLASHPROP_PROBE_BUDGET": str(budget),
+            "FLASHPROP_PROBE_FIRST": ",".join(first_tests(first_files(mutants[0]))),
         }
         # the probe enforces the budget between tests; the hard limit is for a test that hangs
         limit = budget * len(mutants) + 120
@@ -352,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             if first_files(o.mutant) != FIRST:
                 own.setdefault(first_files(o.mutant), []).append(o.mutant.name)
         orders = [f"property files in run order: {', '.join(property_files())}"] + [
-            f"for {', '.join(names)}: {', '.join(property_files(first))}" for first, names in own.items()
+            f"for {', '.join(names)}: {', '.join([*first_tests(first), *property_files(first)])}"
+            for first, names in own.items()
         ]
         args.out.write_text(
             "# flashprop mutants\n\n"
