@@ -143,8 +143,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name = getattr(item, "originalname", item.name)
         return names.index(name) if name in names else len(names)
 
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (groups[_spec(item)], rank(item), order[id(item)]))
+    items.sort(key=lambda item: (groups[_spec(item)], rank(item)))  # stable: other orders kept
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
