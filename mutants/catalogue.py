@@ -1051,6 +1051,21 @@ MUTANTS: tuple[Mutant, ...] = (
         "blocked_gqa_head_modulo in the decode path, where the heads of a group are packed as "
         "rows of one tile; XunhaoLai/native-sparse-attention-triton#27.",
     ),
+    Mutant(
+        "triton_split_combine_empty_nan",
+        TRITON_DECODE,
+        "        m_sub = tl.where(m_new == float(\"-inf\"), 0.0, m_new)\n"
+        "        w = tl.exp2(lse_s - m_sub)\n",
+        "        m_sub = m_new\n        w = tl.exp2(lse_s - m_sub)\n",
+        "-inf - -inf in the split-KV combine",
+        "The combine of split-KV partials subtracts the running max as it is, -inf for a row "
+        "whose partials all saw no key (a sequence with cache length 0, or causal rows before "
+        "the first cached key): exp2(-inf - -inf) is NaN, and o and lse come out NaN where the "
+        "contract has o = 0, lse = -inf. Right for every row that sees a key. "
+        "Dao-AILab/flash-attention#2842 (the split-KV early exit for a zero-length KV sequence "
+        "wrote its lse to the wrong slot), blocked_split_empty_nan in the Triton combine.",
+        first=("test_kvcache.py::test_split_kv_invariance", "test_kvcache.py", "test_variants.py"),
+    ),
 )
 
 BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
