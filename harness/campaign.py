@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -156,24 +157,64 @@ def worker_threads(workers: int, cores: int, environ: Mapping[str, str]) -> int 
     return max(1, cores // max(1, workers))
 
 
-def _cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells it)."""
+#: Where Linux mounts the cgroup hierarchies.
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def quota_cores(root: Path = CGROUP_ROOT, cgroups: str | None = None) -> int | None:
+    """The cores the CPU quota of this process's cgroup allows, rounded up; None without a quota.
+
+    cgroup v2: ``cpu.max`` holds "QUOTA PERIOD" ("max PERIOD": no quota); v1: ``cpu.cfs_quota_us``
+    over ``cpu.cfs_period_us`` (-1: no quota). Each is read in the process's own cgroup (from
+    ``cgroups``, the text of ``/proc/self/cgroup``), then at the hierarchy's root (a container
+    sees its own cgroup there). A container started with ``--cpus 2`` on a 64-core host has
+    such a quota while its affinity lists all 64 cores."""
+    if cgroups is None:
+        cgroups = _read(Path("/proc/self/cgroup"))
+    own_v2 = own_v1 = ""
+    for line in cgroups.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if not controllers:
+            own_v2 = path.lstrip("/")
+        elif "cpu" in controllers.split(","):
+            own_v1 = path.lstrip("/")
+    for folder in dict.fromkeys([root / own_v2, root]):
+        limit = _read(folder / "cpu.max").split()
+        if len(limit) == 2:
+            return None if limit[0] == "max" else math.ceil(int(limit[0]) / int(limit[1]))
+    for folder in dict.fromkeys([root / "cpu" / own_v1, root / "cpu"]):
+        quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+        if quota and period:
+            return None if int(quota) < 0 else math.ceil(int(quota) / int(period))
+    return None
+
+
+def usable_cores() -> int:
+    """The cores this process may use: its affinity where the OS tells it, capped by its cgroup's
+    CPU quota (:func:`quota_cores`)."""
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity else os.cpu_count() or 1
+    cores = len(affinity(0)) if affinity else os.cpu_count() or 1
+    quota = quota_cores()
+    return max(1, min(cores, quota)) if quota else cores
 
 
 def configure_worker(campaign: Campaign, tallies: Tallies, workerinput: dict, device: str) -> None:
     """Worker side: its share of the cores (:func:`worker_threads`), its CUDA device, and where it
     saves its tally and notes its current example."""
     worker = workerinput.get("workerid", "gw0")
-    threads = worker_threads(int(workerinput.get("workercount", 1)), _cores(), os.environ)
-    if threads is not None:
-        import torch
+    threads = worker_threads(int(workerinput.get("workercount", 1)), usable_cores(), os.environ)
+    import torch  # the worker runs the kernels through it anyway
 
+    if threads is not None:
         torch.set_num_threads(threads)
     if device == "cuda":
-        import torch
-
         if torch.cuda.is_available():
             torch.cuda.set_device(int(worker.removeprefix("gw") or 0) % torch.cuda.device_count())
     if _STOP in workerinput:  # started after the campaign was asked to stop

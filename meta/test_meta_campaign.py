@@ -164,6 +164,24 @@ def test_worker_threads_share_the_cores():
     assert campaign.worker_threads(4, 16, {"OMP_NUM_THREADS": "2"}) is None
 
 
+@pytest.mark.parametrize("files, cgroups, expected", [
+    ({"cpu.max": "150000 100000"}, "0::/\n", 2),  # v2 at the root: 1.5 cores rounds up
+    ({"cpu.max": "max 100000"}, "0::/\n", None),
+    ({"ci.slice/cpu.max": "400000 100000", "cpu.max": "max 100000"}, "0::/ci.slice\n", 4),  # own cgroup
+    ({"cpu/cpu.cfs_quota_us": "200000", "cpu/cpu.cfs_period_us": "100000"}, "1:cpu,cpuacct:/\n", 2),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, "1:cpu:/\n0::/\n", None),
+    ({}, "", None),  # nothing readable
+])
+def test_a_cgroup_cpu_quota_caps_the_cores(tmp_path: Path, files: dict, cgroups: str, expected: int | None):
+    """The quota of cgroup v2 (``cpu.max``) or v1 (``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``),
+    in the process's own cgroup or at the root, as whole cores: what :func:`usable_cores` caps
+    the affinity's count with (a container's ``--cpus 2`` on a large host)."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    assert campaign.quota_cores(tmp_path, cgroups) == expected
+
+
 @pytest.mark.parametrize("workers, omp", [(2, None), (1, "1")])
 def test_each_worker_runs_torch_on_its_share_of_the_cores(tmp_path: Path, workers: int, omp: str | None):
     """Over N xdist workers, every kernel call sees torch with cores // N threads (at least one),
@@ -179,7 +197,7 @@ def test_each_worker_runs_torch_on_its_share_of_the_cores(tmp_path: Path, worker
                   "--hypothesis-profile", "ci", "-n", str(workers), env=env)
     assert run.returncode == 0, run.stdout + run.stderr
     seen = {tuple(map(int, line.split())) for line in record.read_text().splitlines()}
-    expected = int(omp) if omp else max(1, len(os.sched_getaffinity(0)) // workers)
+    expected = int(omp) if omp else max(1, campaign.usable_cores() // workers)
     assert len({pid for pid, _ in seen}) == workers and {threads for _, threads in seen} == {expected}, seen
 
 
