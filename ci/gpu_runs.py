@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -122,6 +123,23 @@ def fuzz_runs(cfg: Config, base: int, complete: dict[str, list[str]] | None = No
             for kernel in cfg.fuzz_kernels]
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a campaign stands on one property of one kernel: the examples its kept fuzz calls
+    ran, the count it is to reach (None: no kept call gave one), and whether one of them failed."""
+
+    kernel: str
+    prop: str
+    ran: int
+    count: int | None
+    failed: bool
+
+    @property
+    def done(self) -> bool:
+        """At its count without a failure: the next call leaves it out."""
+        return self.count is not None and not self.failed and self.ran >= self.count
+
+
 class State:
     """``FLASHPROP_GPU_STATE``: per version of the sources (:func:`sources_hash`), each kept run's
     tally (``NAME.json``), output (``NAME.log``) and record (``NAME.run.json``: its kernel,
@@ -147,12 +165,12 @@ class State:
         """The first seed after every kept fuzz run's (0 in a new folder)."""
         return max((r["seeds"][1] + 1 for r in self.records("fuzz")), default=0)
 
-    def complete(self, examples: int) -> dict[str, list[str]]:
-        """Kernel -> the properties whose kept fuzz calls ran, between them, at least the count a
-        call of ``examples`` examples per property asks (each property's weight applied: a kept
-        call's ``asked`` scaled by ``examples`` over its own ``--max-examples``), without a
-        failure. Leaving them out of the next call gives its time to the properties still short
-        of their count, the slow ones (a time box shares a call evenly among those it runs)."""
+    def progress(self, examples: int) -> list[Progress]:
+        """Each (kernel, property) the kept fuzz calls ran or asked for (a row of skips alone is
+        not one): the examples they ran between them, the count a call of ``examples`` examples
+        per property asks of it (its weight applied: a kept call's ``asked`` scaled by
+        ``examples`` over its own ``--max-examples``; None where no kept call says), and whether
+        one of them failed it."""
         ran: dict[tuple[str, str], int] = defaultdict(int)
         target: dict[tuple[str, str], float] = {}
         failed: set[tuple[str, str]] = set()
@@ -166,10 +184,21 @@ class State:
                     failed.add(key)
                 if own and row.get("asked"):
                     target[key] = max(target.get(key, 0.0), row["asked"] * examples / own)
+        return [Progress(kernel, prop, count,
+                         math.ceil(target[kernel, prop]) if (kernel, prop) in target else None,
+                         (kernel, prop) in failed)
+                for (kernel, prop), count in sorted(ran.items())
+                if count or (kernel, prop) in target]  # not a row of skips only
+
+    def complete(self, examples: int) -> dict[str, list[str]]:
+        """Kernel -> the properties whose kept fuzz calls ran, between them, at least their count
+        at ``examples`` examples per property (:meth:`progress`), without a failure. Leaving them
+        out of the next call gives its time to the properties still short of their count, the
+        slow ones (a time box shares a call evenly among those it runs)."""
         found: dict[str, list[str]] = defaultdict(list)
-        for (kernel, prop), count in sorted(ran.items()):
-            if (kernel, prop) in target and (kernel, prop) not in failed and count >= target[kernel, prop]:
-                found[kernel].append(prop)
+        for row in self.progress(examples):
+            if row.done:
+                found[row.kernel].append(row.prop)
         return dict(found)
 
     def check_seeds(self, runs: list[Run]) -> None:
@@ -317,20 +346,33 @@ def run_phase(cfg: Config, phase: str, runs: list[Run], parts: Path, state: Stat
                                   str(max(0.0, deadline - time.monotonic())), *map(str, tallies)])
         lines += ["", text.getvalue().rstrip()]
     if phase == "fuzz" and state is not None:
-        lines += ["", state_table(state)]
+        lines += ["", state_table(state, cfg.fuzz_examples)]
     return int(bool(failed)), "\n".join(lines)
 
 
-def state_table(state: State) -> str:
-    """The fuzz tallies of every kept call, merged, with their count and seeds."""
+def state_table(state: State, examples: int) -> str:
+    """The fuzz tallies of every kept call, merged, with their count and seeds; then where the
+    campaign of ``examples`` examples per property stands: how many tests are at their count, and
+    each other one with the examples it still needs (or that it failed)."""
     records = state.records("fuzz")
     if not records:
         return f"no fuzz run kept in {state.folder}"
     seeds = sorted({tuple(r["seeds"]) for r in records})
-    return "\n".join([
+    rows = state.progress(examples)
+    short = [row for row in rows if not row.done]
+    left = sum(row.count - row.ran for row in short if row.count is not None and not row.failed)
+    lines = [
         f"every fuzz call with these sources ({state.folder}):",
         merged_table([state.folder / f"{r['name']}.json" for r in records]),
         f"(runs: {len(records)}, passed: {sum(r['exit'] == 0 for r in records)}, failed or cut off: "
         f"{sum(r['exit'] != 0 for r in records)}; seeds "
         f"{', '.join(f'{a}..{b}' for a, b in seeds)})",
-    ])
+        f"at {examples} examples per property: {len(rows) - len(short)} of {len(rows)} tests at their "
+        f"count, {sum(row.ran for row in rows)} examples run"
+        + (f", {left} left" if short else "; the campaign is done"),
+    ]
+    for row in short:
+        said = ("failed" if row.failed else "no count (no kept call asked it)" if row.count is None
+                else f"{row.ran} of {row.count}, {row.count - row.ran} left")
+        lines.append(f"  {row.kernel}  {row.prop}: {said}")
+    return "\n".join(lines)

@@ -138,7 +138,8 @@ def test_state_folder_seeds_and_passed_property_runs(tmp_path: Path):
     with pytest.raises(SettingError, match="ran in an earlier call"):
         state.check_seeds(gpu_runs.fuzz_runs(cfg, 3))
     state.check_seeds(gpu_runs.fuzz_runs(cfg, 4))
-    assert "(runs: 1, passed: 0, failed or cut off: 1; seeds 0..3)" in gpu_runs.state_table(state)
+    table = gpu_runs.state_table(state, cfg.fuzz_examples)
+    assert "(runs: 1, passed: 0, failed or cut off: 1; seeds 0..3)" in table
     passed, failed = gpu_runs.property_runs(config(tmp_path, "--kernels", "sdpa-math@2 triton"))
     _ran(state, parts, passed, 0)
     _ran(state, parts, failed, 1)  # not kept: it runs again next time
@@ -153,7 +154,8 @@ def test_state_folder_seeds_and_passed_property_runs(tmp_path: Path):
 def test_properties_that_reached_their_count_are_left_out_of_the_next_fuzz_call(tmp_path: Path):
     """Over two kept calls of 100 examples per property: backward (weight 0.75) reached its 75 in
     the first, forward its 100 in both together; window failed, so it runs again; a call asking
-    200 leaves none out. The next call's run says which with --skip-property."""
+    200 leaves none out. The next call's run says which with --skip-property, and the state's
+    table says where the campaign stands: the tests at their count, what each other one lacks."""
     parts = tmp_path / "parts"
     parts.mkdir()
     state = gpu_runs.State(tmp_path / "state", "abc")
@@ -161,9 +163,16 @@ def test_properties_that_reached_their_count_are_left_out_of_the_next_fuzz_call(
     _ran(state, parts, gpu_runs.fuzz_runs(cfg, 0)[0], 124,
          {"forward": (60, 0, 100), "backward": (75, 0, 75), "window": (99, 1, 100)})
     assert state.complete(100) == {"triton": ["backward"]}
+    assert gpu_runs.state_table(state, 100).splitlines()[-3:] == [
+        "at 100 examples per property: 1 of 3 tests at their count, 235 examples run, 40 left",
+        "  triton  forward: 60 of 100, 40 left", "  triton  window: failed"]
     _ran(state, parts, gpu_runs.fuzz_runs(cfg, 1)[0], 0, {"forward": (40, 0, 100), "window": (10, 0, 100)})
     assert state.complete(100) == {"triton": ["backward", "forward"]}
     assert state.complete(200) == {}
+    assert gpu_runs.state_table(state, 200).splitlines()[-4:] == [
+        "at 200 examples per property: 0 of 3 tests at their count, 285 examples run, 175 left",
+        "  triton  backward: 75 of 150, 75 left", "  triton  forward: 100 of 200, 100 left",
+        "  triton  window: failed"]
     run = gpu_runs.fuzz_runs(cfg, 2, state.complete(100))[0]
     assert " ".join(run.args).endswith("--skip-property backward --skip-property forward")
 
