@@ -135,9 +135,14 @@ class Progress:
     failed: bool
 
     @property
+    def left(self) -> int | None:
+        """The examples still short of its count; None where it has no count or failed."""
+        return None if self.count is None or self.failed else max(0, self.count - self.ran)
+
+    @property
     def done(self) -> bool:
         """At its count without a failure: the next call leaves it out."""
-        return self.count is not None and not self.failed and self.ran >= self.count
+        return self.left == 0
 
 
 class State:
@@ -360,7 +365,7 @@ def state_table(state: State, examples: int) -> str:
     seeds = sorted({tuple(r["seeds"]) for r in records})
     rows = state.progress(examples)
     short = [row for row in rows if not row.done]
-    left = sum(row.count - row.ran for row in short if row.count is not None and not row.failed)
+    left = sum(row.left or 0 for row in short)
     lines = [
         f"every fuzz call with these sources ({state.folder}):",
         merged_table([state.folder / f"{r['name']}.json" for r in records]),
@@ -373,6 +378,6 @@ def state_table(state: State, examples: int) -> str:
     ]
     for row in short:
         said = ("failed" if row.failed else "no count (no kept call asked it)" if row.count is None
-                else f"{row.ran} of {row.count}, {row.count - row.ran} left")
+                else f"{row.ran} of {row.count}, {row.left} left")
         lines.append(f"  {row.kernel}  {row.prop}: {said}")
     return "\n".join(lines)
