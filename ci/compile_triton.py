@@ -41,6 +41,7 @@ import flashprop.kernels.triton_attention_kernels as tak
 import flashprop.kernels.triton_checks as checks
 import torch
 import triton
+from flashprop.harness.campaign import usable_cores
 from flashprop.kernels.triton_attention_launch import _TUNING_KEY
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -398,7 +399,7 @@ def main() -> int:
             return 1
     total = time.perf_counter()
     _CASES[:] = cases
-    jobs = min(len(cases), len(os.sched_getaffinity(0)))
+    jobs = min(len(cases), usable_cores())
     with multiprocessing.get_context("fork").Pool(jobs) as pool:  # the workers inherit _CASES
         results = pool.map(_compile_one, range(len(cases)), chunksize=1)
     for label, found, error in results:

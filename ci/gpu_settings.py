@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashprop.contract.registry import GPU_BENCH_KERNELS, GPU_FUZZ_KERNELS, GPU_PROPERTY_KERNELS
+from flashprop.harness.campaign import usable_cores
 from flashprop.harness.timebox import parse_duration
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,7 +160,7 @@ class Config:
             fuzz_examples=_number(raw, "fuzz_examples", int, 1),
             fuzz_split=_number(raw, "fuzz_split", int, 1), fuzz_time=_duration(raw, "fuzz_time"),
             fuzz_seed=_number(raw, "fuzz_seed", int, 0) if raw["fuzz_seed"] else None,
-            jobs=_number(raw, "jobs", int, 1) if raw["jobs"] else os.cpu_count() or 1,
+            jobs=_number(raw, "jobs", int, 1) if raw["jobs"] else usable_cores(),
             ids=ids, ids_given=bool(raw["ids"]), bench_kernels=raw["bench_kernels"],
             bench_subset=raw["bench_subset"], bench_chunks=[c for c in CHUNKS[device] if c in chunks],
             baseline=ROOT / raw["baseline"], property_timeout=_number(raw, "property_timeout", float, 0),

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flashprop.contract.registry import CPU_KERNELS, expand_specs
+from flashprop.harness.campaign import usable_cores
 
 from flashprop.commands import property_args
 from mutants.catalogue import MUTANTS, ROOT, TRITON_DECODE, Mutant, mutated_source
@@ -285,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         default=420.0,
         help="seconds for the fuzz job on each correct kernel (default 420)",
     )
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="subprocesses at once")
+    parser.add_argument("--jobs", type=int, default=usable_cores(),
+                        help="subprocesses at once (default: the cores this process may use)")
     parser.add_argument("--only", nargs="*", default=None, help="run only these mutants")
     parser.add_argument(
         "--skip-baseline",
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"correct kernels {', '.join(CORRECT_KERNELS)}: passed the same CI-profile suite "
               f"(pass record {args.baseline_record}); baseline not rerun", flush=True)
         args.skip_baseline = True
-    threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    threads = max(1, usable_cores() // args.jobs)
     selected = [m for m in MUTANTS if args.only is None or m.name in args.only]
     for mutant in selected:
         mutated_source(mutant)  # a drifted snippet fails here, before anything runs
