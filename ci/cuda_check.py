@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fixed_cases import Log, finish, parse_args, run_benchmarks, run_checks, run_correctness
 from flashprop.contract.problem import DTYPES_BY_NAME, Problem
+from flashprop.harness.campaign import usable_cores
 
 KERNEL = "cuda"
 
@@ -78,7 +79,7 @@ CASES = [
 def build(log: Log) -> bool:
     """Build the extension into a fresh directory (unless TORCH_EXTENSIONS_DIR names one)."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", tempfile.mkdtemp(prefix="flashprop_ext_"))
-    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 4))
+    os.environ.setdefault("MAX_JOBS", str(usable_cores()))  # affinity capped by the cgroup quota
     from flashprop.kernels import cuda_attention
 
     start = time.perf_counter()
